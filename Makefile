@@ -1,0 +1,60 @@
+# loragate: `make run` (the demo on the embedded default) and `make test` work on a fresh machine.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TORCH := torch==2.13.0
+MODEL_DIR ?= .cache/models
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-slow lint format bench bench-quick engine clean
+
+# Install order matters: the CPU torch first, then everything else with torch pinned, or pip
+# resolves a CUDA build and gigabytes of CUDA packages.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH)
+	echo "$(TORCH)" > $(VENV)/constraints.txt
+	$(BIN)/python -m pip install -q -c $(VENV)/constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+$(MODEL_DIR)/tiny/config.json: | $(STAMP)
+	$(BIN)/loragate make-model $(MODEL_DIR)/tiny --size tiny
+
+$(MODEL_DIR)/small/config.json: | $(STAMP)
+	$(BIN)/loragate make-model $(MODEL_DIR)/small --size small
+
+# The engine alone on the tiny model (the gateway issue turns `run` into the full demo).
+run engine: $(STAMP) $(MODEL_DIR)/tiny/config.json
+	$(BIN)/loragate engine --model $(MODEL_DIR)/tiny --host 127.0.0.1 --port 8100
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+bench: $(STAMP) $(MODEL_DIR)/small/config.json
+	mkdir -p bench/out
+	$(BIN)/python bench/engine_throughput.py --model $(MODEL_DIR)/small --json bench/out/engine_throughput.json
+
+bench-quick: $(STAMP) $(MODEL_DIR)/tiny/config.json
+	mkdir -p bench/out
+	$(BIN)/python bench/engine_throughput.py --quick --model $(MODEL_DIR)/tiny --json bench/out/engine_throughput.json
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Tokens-only inference engine: scheduler, paged KV cache, model runner, sampler, server."""

@@ -1,0 +1,52 @@
+"""Engine configuration, built once at start-up and passed down (frozen)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+SchedulingPolicy = Literal["priority", "fcfs"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    served_model_name: str | None = None
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "cpu"
+    seed: int = 0
+    block_size: int = 16
+    # KV blocks to allocate; None sizes from kv_cache_memory_bytes.
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int = 1 << 30
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    policy: SchedulingPolicy = "priority"
+    # A waiting request gains one priority level per `aging_steps` engine steps waited, so no
+    # request waits forever behind a steady stream of better-priority work.
+    aging_steps: int = 64
+    enable_prefix_caching: bool = True
+    max_queue_len: int = 4096
+    # The loop waits this long for more requests before stepping an empty batch (seconds).
+    idle_wait_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.policy not in ("priority", "fcfs"):
+            raise ValueError(f"policy must be 'priority' or 'fcfs', got {self.policy!r}")
+        if self.aging_steps < 1:
+            raise ValueError("aging_steps must be >= 1")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError("num_kv_blocks must be >= 1")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model

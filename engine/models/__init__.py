@@ -1,0 +1,1 @@
+"""Model families (the Llama family) and the Hugging Face checkpoint loader."""

@@ -1,0 +1,82 @@
+"""What the engine hands back per request, step by step (engine -> async engine -> server)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from engine.request import RequestId
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    rank: int  # 1 = the most likely token at this position
+
+
+@dataclass(frozen=True)
+class PositionLogprobs:
+    """The chosen (sampled or prompt) token's logprob plus the top-k alternatives."""
+
+    chosen: TokenLogprob
+    top: tuple[TokenLogprob, ...]
+
+
+@dataclass
+class CompletionDelta:
+    """New tokens of one choice since the previous RequestOutput."""
+
+    index: int
+    token_ids: list[int]
+    logprobs: list[PositionLogprobs] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | None = None  # the stop token id that ended the choice, if any
+
+
+@dataclass
+class RequestTimes:
+    """Monotonic timestamps for latency metrics (None until the event happened)."""
+
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: RequestId
+    choices: list[CompletionDelta]
+    finished: bool
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    # Position 0 has no logprob (nothing precedes it): None there, as in vLLM.
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    times: RequestTimes | None = None
+    error: str | None = None
+    priority: int = 0
+    num_output_tokens: int = field(default=0)  # cumulative over all choices
+
+
+@dataclass
+class EngineStats:
+    """A snapshot for /metrics and /health (cumulative counters are monotonic)."""
+
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # used blocks / total blocks, in [0, 1]
+    num_preemptions_total: int
+    prefix_cache_queries_total: int  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits_total: int  # of those, tokens found
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    # Served tokens per fairness key (the virtual token counter), for the fairness metric.
+    served_tokens_by_tenant: dict[str, int] = field(default_factory=dict)

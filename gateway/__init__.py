@@ -1,0 +1,1 @@
+"""OpenAI-compatible gateway: routes, admin API, dashboard, coordinator, engine clients."""

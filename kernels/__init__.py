@@ -1,0 +1,1 @@
+"""Triton kernels with a PyTorch reference for each (the reference is also the CPU path)."""

@@ -1,0 +1,1 @@
+"""PEFT LoRA adapters: loading and validation, the adapter cache tiers, batch metadata, layers."""
