@@ -1,0 +1,30 @@
+"""Async engine and session factory for SQLite (embedded) and PostgreSQL (distributed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+
+def make_engine(database_url: str, **kwargs: Any) -> AsyncEngine:
+    engine = create_async_engine(database_url, **kwargs)
+    if engine.dialect.name == "sqlite":
+        # SQLite ignores ON DELETE CASCADE unless foreign keys are switched on per connection.
+        @event.listens_for(engine.sync_engine, "connect")
+        def _fk_on(dbapi_conn: Any, _record: Any) -> None:
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+    return engine
+
+
+def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False)

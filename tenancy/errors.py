@@ -1,0 +1,80 @@
+"""Typed errors a client can cause. Each carries its OpenAI error shape; the gateway maps them once.
+
+The message never contains a key, a salt or another tenant's data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TenancyError(Exception):
+    message: str
+    status_code: int = 400
+    error_type: str = "invalid_request_error"
+    code: str | None = None
+    param: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def body(self) -> dict[str, dict[str, str | None]]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class InvalidApiKey(TenancyError):
+    def __init__(self) -> None:
+        # One constant message for every failure, so a caller learns nothing about why.
+        super().__init__(
+            message="Incorrect API key provided.",
+            status_code=401,
+            error_type="invalid_request_error",
+            code="invalid_api_key",
+        )
+
+
+class InsufficientScope(TenancyError):
+    def __init__(self, message: str = "This key lacks the scope for this operation.") -> None:
+        super().__init__(
+            message=message,
+            status_code=403,
+            error_type="permission_error",
+            code="insufficient_scope",
+        )
+
+
+class NotFound(TenancyError):
+    def __init__(self, what: str) -> None:
+        super().__init__(message=f"{what} not found.", status_code=404, code="not_found")
+
+
+class Conflict(TenancyError):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message=message, status_code=409, code="conflict", param=param)
+
+
+class BadRequest(TenancyError):
+    def __init__(self, message: str, *, code: str = "invalid_value", param: str | None = None):
+        super().__init__(message=message, status_code=400, code=code, param=param)
+
+
+class ServiceUnavailable(TenancyError):
+    """A backing store (database, Redis) is down: fail closed with 503, never 401."""
+
+    def __init__(self, what: str, retry_after_s: int = 1) -> None:
+        super().__init__(
+            message=f"{what} is temporarily unavailable.",
+            status_code=503,
+            error_type="server_error",
+            code="overloaded",
+            headers={"retry-after": str(retry_after_s)},
+        )

@@ -1,0 +1,180 @@
+"""SQLAlchemy 2 typed ORM: the tenancy schema, shared by SQLite (embedded) and PostgreSQL.
+
+Timestamps are timezone-aware UTC on both backends; secrets are never columns (keys are HMACs).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Date,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """Stores UTC; SQLite drops the zone, so results are re-tagged as UTC on the way out."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime; tenancy stores aware UTC times only")
+        return value.astimezone(dt.UTC)
+
+    def process_result_value(
+        self, value: dt.datetime | None, dialect: Dialect
+    ) -> dt.datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    tier: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16), default="active")
+    # Bumping the epoch changes the tenant's cache salt, which invalidates its cached prefixes.
+    salt_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("tenants.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(64))
+    prefix: Mapped[str] = mapped_column(String(16))
+    last_four: Mapped[str] = mapped_column(String(4))
+    # HMAC-SHA256(pepper, key) as hex; the key itself is never stored.
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[str]] = mapped_column(JSON)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # After rotation the old key keeps working until this instant, then it is refused.
+    rotation_grace_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    replaced_by_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class QuotaPolicy(Base):
+    """Per tenant (api_key_id NULL) or per key. NULL limits mean unlimited."""
+
+    __tablename__ = "quota_policies"
+    __table_args__ = (UniqueConstraint("tenant_id", "api_key_id"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("tenants.id", ondelete="CASCADE"), index=True
+    )
+    api_key_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("api_keys.id", ondelete="CASCADE"), nullable=True
+    )
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    max_concurrent: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    daily_token_budget: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    monthly_token_budget: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Adapter(Base):
+    __tablename__ = "adapters"
+    __table_args__ = (UniqueConstraint("owner_tenant_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    # NULL owner: a public adapter, visible to every tenant.
+    owner_tenant_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    name: Mapped[str] = mapped_column(String(64))
+    base_model: Mapped[str] = mapped_column(String(256))
+    rank: Mapped[int] = mapped_column(Integer)
+    alpha: Mapped[float] = mapped_column(Float)
+    target_modules: Mapped[list[str]] = mapped_column(JSON)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    storage_path: Mapped[str] = mapped_column(String(1024))
+    status: Mapped[str] = mapped_column(String(16), default="ready")
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class UsageRecord(Base):
+    """The usage ledger: one row per request. No foreign keys, so it outlives deleted tenants."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (Index("ix_usage_records_tenant_day", "tenant_id", "day"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(128), unique=True)
+    tenant_id: Mapped[str] = mapped_column(String(36))
+    api_key_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    model: Mapped[str] = mapped_column(String(256))
+    adapter_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    finish_reason: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    finished_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    day: Mapped[dt.date] = mapped_column(Date)
+
+
+class AuditEvent(Base):
+    """Append-only: one row per admin mutation, with the object's state before and after."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (Index("ix_audit_events_tenant_time", "tenant_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    actor: Mapped[str] = mapped_column(String(256))
+    actor_tenant_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    tenant_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    action: Mapped[str] = mapped_column(String(64), index=True)
+    object_type: Mapped[str] = mapped_column(String(32))
+    object_id: Mapped[str] = mapped_column(String(64))
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    client_addr: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
