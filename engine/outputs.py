@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from engine.request import RequestId
 
+if TYPE_CHECKING:
+    from engine.sequence import Sequence
 
-class FinishReason(str, Enum):
+
+class FinishReason(StrEnum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
@@ -80,3 +84,31 @@ class EngineStats:
     generation_tokens_total: int
     # Served tokens per fairness key (the virtual token counter), for the fairness metric.
     served_tokens_by_tenant: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    """One sequence's share of a step: compute its next num_new_tokens positions."""
+
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def is_sampling(self) -> bool:
+        # A sampled token follows only once every known token of the sequence is computed;
+        # a partial prefill chunk produces no token.
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq]
+    preempted: list[Sequence]
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled

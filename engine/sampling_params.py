@@ -41,10 +41,18 @@ class SamplingParams:
         """Raise InvalidRequestError naming the first bad field (`sampling_params.<name>`)."""
 
         def bad(name: str, why: str) -> InvalidRequestError:
-            return InvalidRequestError(f"sampling_params.{name} {why}", param=f"sampling_params.{name}")
+            return InvalidRequestError(
+                f"sampling_params.{name} {why}", param=f"sampling_params.{name}"
+            )
 
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty"):
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        ):
             if not math.isfinite(getattr(self, name)):
                 raise bad(name, "must be a finite number")
         if self.n < 1 or self.n > MAX_N:
@@ -74,7 +82,9 @@ class SamplingParams:
                 raise bad(name, f"must be null or between 0 and {MAX_LOGPROBS}")
         for token_id in self.stop_token_ids:
             if not 0 <= token_id < vocab_size:
-                raise bad("stop_token_ids", f"holds {token_id}, outside the vocabulary [0, {vocab_size})")
+                raise bad(
+                    "stop_token_ids", f"holds {token_id}, outside the vocabulary [0, {vocab_size})"
+                )
         if self.logit_bias is not None:
             for token_id, bias in self.logit_bias.items():
                 if not 0 <= token_id < vocab_size:

@@ -1,0 +1,108 @@
+"""Attention over the paged KV cache: the PyTorch path (CPU and CUDA).
+
+Cache layout per layer: k_cache, v_cache as [num_blocks * block_size, num_kv_heads, head_dim];
+token at position p of a sequence lives in slot block_table[p // block_size] * block_size +
+p % block_size. The flat batch holds decode tokens first (one per sequence), then each prefill
+chunk contiguously.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillSegment:
+    query_start: int  # index of the chunk's first token in the flat batch
+    query_len: int
+    num_computed: int  # tokens of this sequence already in the cache before this chunk
+    context_slots: torch.Tensor | None  # [num_computed + query_len] long; None if num_computed == 0
+
+    @property
+    def context_len(self) -> int:
+        return self.num_computed + self.query_len
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] long: where each new token's K/V is written
+    num_decodes: int
+    decode_slots: torch.Tensor | None  # [num_decodes, max_context] long (padding -> slot 0)
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_context] bool, True = attend
+    prefills: list[PrefillSegment]
+
+
+def paged_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    k_cache.index_copy_(0, meta.slot_mapping, k)
+    v_cache.index_copy_(0, meta.slot_mapping, v)
+    out = torch.empty_like(q)
+    if meta.num_decodes:
+        out[: meta.num_decodes] = _decode(q[: meta.num_decodes], k_cache, v_cache, meta, scale)
+    for seg in meta.prefills:
+        rows = slice(seg.query_start, seg.query_start + seg.query_len)
+        out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, seg, scale)
+    return out
+
+
+def _decode(
+    q: torch.Tensor,  # [num_decodes, num_heads, head_dim]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    assert meta.decode_slots is not None and meta.decode_mask is not None
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    keys = k_cache[meta.decode_slots].permute(0, 2, 3, 1)  # [B, kv_heads, head_dim, ctx]
+    values = v_cache[meta.decode_slots].transpose(1, 2)  # [B, kv_heads, ctx, head_dim]
+    # Grouped-query attention without copying K/V per query head: [B, kv_heads, group, head_dim].
+    grouped = q.view(num_seqs, num_kv_heads, group, head_dim)
+    scores = torch.matmul(grouped, keys).float() * scale  # [B, kv_heads, group, ctx]
+    scores.masked_fill_(~meta.decode_mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    out = torch.matmul(probs, values)  # [B, kv_heads, group, head_dim]
+    return out.reshape(num_seqs, num_heads, head_dim)
+
+
+def _prefill(
+    q: torch.Tensor,  # [query_len, num_heads, head_dim]
+    k: torch.Tensor,  # [query_len, num_kv_heads, head_dim]
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seg: PrefillSegment,
+    scale: float,
+) -> torch.Tensor:
+    query = q.transpose(0, 1).unsqueeze(0)  # [1, num_heads, query_len, head_dim]
+    if seg.context_slots is None:
+        # Nothing cached before this chunk: attend within it, causally.
+        key = k.transpose(0, 1).unsqueeze(0)  # [1, kv_heads, query_len, head_dim]
+        value = v.transpose(0, 1).unsqueeze(0)
+        out = F.scaled_dot_product_attention(
+            query, key, value, is_causal=True, scale=scale, enable_gqa=True
+        )
+    else:
+        key = (
+            k_cache[seg.context_slots].transpose(0, 1).unsqueeze(0)
+        )  # [1, kv_heads, ctx, head_dim]
+        value = v_cache[seg.context_slots].transpose(0, 1).unsqueeze(0)
+        query_pos = torch.arange(seg.num_computed, seg.context_len, device=q.device)
+        key_pos = torch.arange(seg.context_len, device=q.device)
+        mask = key_pos[None, :] <= query_pos[:, None]  # [query_len, ctx]
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=scale, enable_gqa=True
+        )
+    return out.squeeze(0).transpose(0, 1)  # [query_len, num_heads, head_dim]

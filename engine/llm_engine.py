@@ -1,0 +1,347 @@
+"""The synchronous engine: validate and admit requests, step (schedule, forward, sample), emit
+per-request deltas. Not thread-safe: the async engine drives it from one thread."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.errors import AdapterNotFoundError, InvalidRequestError
+from engine.model_runner import ForwardOutput, ModelRunner, kv_bytes_per_block
+from engine.models.hf_config import load_model_config
+from engine.models.loader import load_model
+from engine.outputs import (
+    CompletionDelta,
+    EngineStats,
+    FinishReason,
+    PositionLogprobs,
+    RequestOutput,
+    RequestTimes,
+)
+from engine.request import EngineRequest, RequestId
+from engine.sampler import Sampler, SamplingRow
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class _RequestState:
+    request: EngineRequest
+    seqs: list[Sequence]
+    times: RequestTimes
+    generators: list[torch.Generator | None]
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    num_prompt_logprobs_emitted: int = 0
+    counted_prompt: bool = False
+
+    @property
+    def is_finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.model_config = load_model_config(config.model)
+        mc = self.model_config
+        self.device = torch.device(config.device)
+        self.dtype = self._resolve_dtype(config.dtype, mc.torch_dtype, self.device)
+        self.vocab_size = mc.vocab_size
+        self.max_model_len = min(
+            config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
+        )
+        self.model_name = config.model_name
+        self.eos_token_ids = frozenset(mc.eos_token_ids)
+        model = load_model(
+            config.model, mc, dtype=self.dtype, device=self.device, max_positions=self.max_model_len
+        )
+        num_blocks = config.num_kv_blocks or max(
+            1, config.kv_cache_memory_bytes // kv_bytes_per_block(mc, config.block_size, self.dtype)
+        )
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.runner = ModelRunner(
+            model,
+            mc,
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.sampler = Sampler(mc.vocab_size, self.device, seed=config.seed)
+        self._requests: dict[RequestId, _RequestState] = {}
+        self._seq_ids = itertools.count()
+        self._arrivals = itertools.count()
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+
+    @staticmethod
+    def _resolve_dtype(name: str, checkpoint: str | None, device: torch.device) -> torch.dtype:
+        if name != "auto":
+            return _DTYPES[name]
+        if checkpoint in _DTYPES:
+            dtype = _DTYPES[checkpoint]
+            # CPUs without fast fp16 matmul run fp16 checkpoints in bf16-free float32.
+            return torch.float32 if dtype is torch.float16 and device.type == "cpu" else dtype
+        return torch.float32
+
+    # -- requests ------------------------------------------------------------------------
+
+    def validate(self, request: EngineRequest) -> None:
+        if request.request_id in self._requests:
+            raise InvalidRequestError(
+                f"request_id {request.request_id!r} is already in flight", param="request_id"
+            )
+        tokens = request.prompt_token_ids
+        if not tokens:
+            raise InvalidRequestError("token_ids must not be empty", param="token_ids")
+        if min(tokens) < 0:
+            raise InvalidRequestError("token ids must not be negative", param="token_ids")
+        if max(tokens) >= self.vocab_size:
+            raise InvalidRequestError(
+                f"token id {max(tokens)} is outside the vocabulary [0, {self.vocab_size})",
+                param="token_ids",
+            )
+        if len(tokens) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(tokens)} tokens; the context length is {self.max_model_len} "
+                "and at least one token must be generated",
+                param="token_ids",
+            )
+        request.sampling_params.validate(vocab_size=self.vocab_size)
+        if not INT64_MIN <= request.priority <= INT64_MAX:
+            raise InvalidRequestError("priority must be a signed 64-bit integer", param="priority")
+        if self.config.policy == "fcfs" and request.priority != 0:
+            raise InvalidRequestError(
+                "priority must be 0 when the engine runs the fcfs scheduling policy",
+                param="priority",
+            )
+        if request.adapter_name not in (None, self.model_name):
+            raise AdapterNotFoundError(
+                f"model {request.adapter_name!r} does not exist", param="model"
+            )
+
+    def add_request(self, request: EngineRequest) -> None:
+        self.validate(request)
+        params = request.sampling_params
+        num_prompt = len(request.prompt_token_ids)
+        max_tokens = min(params.max_tokens, self.max_model_len - num_prompt)
+        arrival = next(self._arrivals)
+        seqs = [
+            Sequence(
+                seq_id=next(self._seq_ids),
+                request=request,
+                index=i,
+                arrival_order=arrival,
+                arrival_step=self.scheduler.num_steps,
+                token_ids=list(request.prompt_token_ids),
+                num_prompt_tokens=num_prompt,
+                max_tokens=max_tokens,
+            )
+            for i in range(params.n)
+        ]
+        generators: list[torch.Generator | None] = []
+        for i in range(params.n):
+            if params.seed is None:
+                generators.append(None)
+            else:
+                gen = torch.Generator(device=self.device)
+                gen.manual_seed((params.seed + i) % (2**63))
+                generators.append(gen)
+        state = _RequestState(request, seqs, RequestTimes(arrival=request.arrival_time), generators)
+        if params.prompt_logprobs is not None:
+            state.prompt_logprobs = [None]
+        self._requests[request.request_id] = state
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[RequestOutput]:
+        outputs = []
+        for request_id in request_ids:
+            state = self._requests.get(RequestId(request_id))
+            if state is None:
+                continue
+            for seq in state.seqs:
+                if not seq.is_finished:
+                    self.scheduler.finish(seq)
+                    seq.finish_reason = FinishReason.ABORT
+            outputs.append(self._output(state))
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    def num_unfinished_requests(self) -> int:
+        return len(self._requests)
+
+    # -- the step ------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        now = time.monotonic()
+        for item in sched.scheduled:
+            times = self._requests[item.seq.request.request_id].times
+            if times.first_scheduled is None:
+                times.first_scheduled = now
+        forward = self.runner.execute(sched)
+        for item in sched.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.cache_full_blocks(item.seq)
+        touched = self._record_prompt_logprobs(forward)
+        touched |= self._sample(forward)
+        outputs = [self._output(self._requests[rid]) for rid in touched if rid in self._requests]
+        return outputs
+
+    def _sample(self, forward: ForwardOutput) -> set[RequestId]:
+        if not forward.sampling_seqs:
+            return set()
+        rows = [self._sampling_row(seq) for seq in forward.sampling_seqs]
+        sampled = self.sampler.sample(forward.logits, rows)
+        now = time.monotonic()
+        touched: set[RequestId] = set()
+        for seq, token in zip(forward.sampling_seqs, sampled, strict=True):
+            state = self._requests[seq.request.request_id]
+            if state.times.first_token is None:
+                state.times.first_token = now
+            if not state.counted_prompt:
+                state.counted_prompt = True
+                self._num_prompt_tokens += seq.num_prompt_tokens
+            seq.token_ids.append(token.token_id)
+            self._num_generation_tokens += 1
+            if token.logprobs is not None:
+                seq.pending_logprobs.append(token.logprobs)
+            self._check_stop(seq, token.token_id)
+            touched.add(seq.request.request_id)
+        return touched
+
+    def _sampling_row(self, seq: Sequence) -> SamplingRow:
+        params = seq.request.sampling_params
+        state = self._requests[seq.request.request_id]
+        banned: list[int] = []
+        if seq.num_output_tokens < params.min_tokens:
+            banned.extend(params.stop_token_ids)
+            if not params.ignore_eos:
+                banned.extend(self.eos_token_ids)
+        return SamplingRow(
+            params=params,
+            generator=state.generators[seq.index],
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            output_token_ids=seq.output_token_ids,
+            banned_token_ids=banned,
+        )
+
+    def _check_stop(self, seq: Sequence, token_id: int) -> None:
+        params = seq.request.sampling_params
+        reason: FinishReason | None = None
+        if seq.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token_id in self.eos_token_ids:
+                reason = FinishReason.STOP
+            elif token_id in params.stop_token_ids:
+                reason, seq.stop_reason = FinishReason.STOP, token_id
+        if reason is None and (
+            seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len
+        ):
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            seq.finish_reason = reason
+            self.scheduler.finish(seq)
+
+    def _record_prompt_logprobs(self, forward: ForwardOutput) -> set[RequestId]:
+        touched: set[RequestId] = set()
+        for chunk in forward.prompt_logits:
+            state = self._requests[chunk.seq.request.request_id]
+            if state.prompt_logprobs is None:
+                continue
+            known = len(state.prompt_logprobs)  # positions 0..known-1 done (recompute repeats)
+            k = chunk.seq.request.sampling_params.prompt_logprobs or 0
+            first_new = max(0, known - 1 - chunk.first_position)
+            if first_new >= len(chunk.target_ids):
+                continue
+            entries = self.sampler.prompt_logprobs(
+                chunk.logits[first_new:], chunk.target_ids[first_new:], k
+            )
+            state.prompt_logprobs.extend(entries)
+            touched.add(chunk.seq.request.request_id)
+        return touched
+
+    # -- outputs -------------------------------------------------------------------------
+
+    def _output(self, state: _RequestState) -> RequestOutput:
+        request = state.request
+        choices = []
+        for seq in state.seqs:
+            begin = seq.num_prompt_tokens + seq.num_emitted_tokens
+            new_tokens = seq.token_ids[begin:]
+            reports_finish = seq.finish_reason is not None and not seq.is_finish_reported
+            if not new_tokens and not reports_finish:
+                continue
+            logprobs = None
+            if request.sampling_params.logprobs is not None:
+                logprobs, seq.pending_logprobs = seq.pending_logprobs, []
+            choices.append(
+                CompletionDelta(
+                    index=seq.index,
+                    token_ids=new_tokens,
+                    logprobs=logprobs,
+                    finish_reason=seq.finish_reason,
+                    stop_reason=seq.stop_reason,
+                )
+            )
+            seq.num_emitted_tokens += len(new_tokens)
+            seq.is_finish_reported = seq.finish_reason is not None
+        prompt_logprobs = None
+        # Prompt logprobs go out once, complete, with the first output after the prefill.
+        if (
+            state.prompt_logprobs is not None
+            and state.num_prompt_logprobs_emitted == 0
+            and len(state.prompt_logprobs) == state.seqs[0].num_prompt_tokens
+        ):
+            prompt_logprobs = state.prompt_logprobs
+            state.num_prompt_logprobs_emitted = len(prompt_logprobs)
+        finished = state.is_finished
+        if finished:
+            state.times.finished = time.monotonic()
+            self._requests.pop(request.request_id, None)
+        first = state.seqs[0]
+        return RequestOutput(
+            request_id=request.request_id,
+            choices=choices,
+            finished=finished,
+            num_prompt_tokens=first.num_prompt_tokens,
+            num_cached_tokens=first.num_cached_tokens or 0,
+            prompt_logprobs=prompt_logprobs,
+            times=state.times,
+            priority=request.priority,
+            num_output_tokens=sum(s.num_output_tokens for s in state.seqs),
+        )
+
+    # -- introspection -------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_usage=self.block_manager.usage,
+            num_preemptions_total=self.scheduler.num_preemptions,
+            prefix_cache_queries_total=self.block_manager.num_prefix_queries,
+            prefix_cache_hits_total=self.block_manager.num_prefix_hits,
+            prompt_tokens_total=self._num_prompt_tokens,
+            generation_tokens_total=self._num_generation_tokens,
+            served_tokens_by_tenant=self.scheduler.fairness.snapshot(),
+        )
+
+    def check_invariants(self) -> None:
+        self.block_manager.check_invariants(self.scheduler.live_sequences())

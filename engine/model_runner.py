@@ -1,0 +1,163 @@
+"""Turns a SchedulerOutput into one batched forward pass over the paged KV cache.
+
+Flat batch layout: decode tokens first (one per sequence, batched attention), then each
+prefill chunk contiguously (attention per chunk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import AttentionMetadata, PrefillSegment
+from engine.models.hf_config import ModelConfig
+from engine.models.llama import LlamaForCausalLM
+from engine.outputs import ScheduledSeq, SchedulerOutput
+from engine.sequence import Sequence
+
+
+@dataclass
+class PromptLogits:
+    seq: Sequence
+    first_position: int  # prompt position of the first row (its target is the next token)
+    logits: torch.Tensor  # [num_positions, vocab]
+    target_ids: list[int]
+
+
+@dataclass
+class ForwardOutput:
+    sampling_seqs: list[Sequence]
+    logits: torch.Tensor  # [len(sampling_seqs), vocab] at each sampling sequence's last position
+    prompt_logits: list[PromptLogits]
+
+
+def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    element = torch.tensor([], dtype=dtype).element_size()
+    return 2 * config.num_layers * block_size * config.kv_size * element
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        config: ModelConfig,
+        *,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.model = model
+        self.config = config
+        self.block_size = block_size
+        self.device = device
+        num_slots = num_blocks * block_size
+        self.kv_caches = [
+            (
+                torch.zeros(
+                    num_slots, config.num_kv_heads, config.head_dim, dtype=dtype, device=device
+                ),
+                torch.zeros(
+                    num_slots, config.num_kv_heads, config.head_dim, dtype=dtype, device=device
+                ),
+            )
+            for _ in range(config.num_layers)
+        ]  # per layer: ([num_slots, kv_heads, head_dim], same)
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> ForwardOutput:
+        decodes = [s for s in sched.scheduled if s.num_new_tokens == 1 and not s.seq.is_prefilling]
+        prefills = [s for s in sched.scheduled if s.num_new_tokens > 1 or s.seq.is_prefilling]
+        ordered = decodes + prefills
+        input_ids, positions, slots = self._flatten(ordered)
+        meta = AttentionMetadata(
+            slot_mapping=slots,
+            num_decodes=len(decodes),
+            decode_slots=None,
+            decode_mask=None,
+            prefills=[],
+        )
+        if decodes:
+            meta.decode_slots, meta.decode_mask = self._decode_context(decodes)
+        start = len(decodes)
+        for item in prefills:
+            seq = item.seq
+            context_slots = None
+            if seq.num_computed_tokens:
+                context_slots = self._slots(seq, 0, seq.num_computed_tokens + item.num_new_tokens)
+            meta.prefills.append(
+                PrefillSegment(start, item.num_new_tokens, seq.num_computed_tokens, context_slots)
+            )
+            start += item.num_new_tokens
+
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
+
+        sample_rows: list[int] = []
+        sampling_seqs: list[Sequence] = []
+        prompt_logits: list[PromptLogits] = []
+        start = 0
+        for item in ordered:
+            end = start + item.num_new_tokens
+            if item.is_sampling:
+                sample_rows.append(end - 1)
+                sampling_seqs.append(item.seq)
+            if item.seq.request.sampling_params.prompt_logprobs is not None and item.seq.index == 0:
+                found = self._prompt_rows(item, start, hidden)
+                if found is not None:
+                    prompt_logits.append(found)
+            start = end
+        rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
+        logits = self.model.compute_logits(hidden[rows])  # [num_sampling, vocab]
+        return ForwardOutput(sampling_seqs, logits, prompt_logits)
+
+    def _prompt_rows(
+        self, item: ScheduledSeq, start: int, hidden: torch.Tensor
+    ) -> PromptLogits | None:
+        seq = item.seq
+        first = seq.num_computed_tokens
+        # Positions whose next token is still a prompt token (the last prompt position predicts
+        # the first output token, which is not a prompt logprob).
+        last = min(first + item.num_new_tokens, seq.num_prompt_tokens - 1)
+        if last <= first:
+            return None
+        logits = self.model.compute_logits(hidden[start : start + last - first])
+        return PromptLogits(seq, first, logits, seq.token_ids[first + 1 : last + 1])
+
+    def _flatten(
+        self, items: list[ScheduledSeq]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        token_ids: list[int] = []
+        position_chunks: list[torch.Tensor] = []
+        slot_chunks: list[torch.Tensor] = []
+        for item in items:
+            seq = item.seq
+            begin, end = seq.num_computed_tokens, seq.num_computed_tokens + item.num_new_tokens
+            token_ids.extend(seq.token_ids[begin:end])
+            position_chunks.append(torch.arange(begin, end, dtype=torch.long))
+            slot_chunks.append(self._slots(seq, begin, end, device=torch.device("cpu")))
+        input_ids = torch.tensor(token_ids, dtype=torch.long).to(self.device)  # [num_tokens]
+        positions = torch.cat(position_chunks).to(self.device)  # [num_tokens]
+        slots = torch.cat(slot_chunks).to(self.device)  # [num_tokens]
+        return input_ids, positions, slots
+
+    def _slots(
+        self, seq: Sequence, begin: int, end: int, device: torch.device | None = None
+    ) -> torch.Tensor:
+        positions = torch.arange(begin, end, dtype=torch.long)
+        table = torch.tensor(seq.block_table, dtype=torch.long)
+        slots = table[positions // self.block_size] * self.block_size + positions % self.block_size
+        return slots.to(device or self.device)  # [end - begin]
+
+    def _decode_context(self, decodes: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths = [item.seq.num_computed_tokens + 1 for item in decodes]
+        max_len = max(lengths)
+        max_blocks = -(-max_len // self.block_size)
+        tables = torch.zeros(len(decodes), max_blocks, dtype=torch.long)  # [B, max_blocks]
+        for row, item in enumerate(decodes):
+            table = item.seq.block_table[:max_blocks]
+            tables[row, : len(table)] = torch.tensor(table, dtype=torch.long)
+        offsets = torch.arange(self.block_size, dtype=torch.long)
+        slots = (tables[:, :, None] * self.block_size + offsets).view(len(decodes), -1)[:, :max_len]
+        mask = torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None]  # [B, max_len]
+        return slots.to(self.device), mask[:, None, None, :].to(self.device)

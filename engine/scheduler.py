@@ -1,0 +1,178 @@
+"""Continuous batching with chunked prefill, priority + fair ordering, aging and preemption.
+
+Plain Python over Sequence objects and the BlockManager; no tensors. One `schedule()` call
+plans one engine step:
+
+0. Priority preemption: while the best waiting sequence ranks strictly above the worst running
+   one and the batch is full (max_num_seqs) or the KV cache cannot hold its first chunk, the
+   worst running sequence is preempted (its blocks are freed; it is recomputed later and keeps
+   its arrival order, so its place in line).
+1. Running sequences, best first, get their next tokens (1 for decode, a chunk for prefill)
+   under the token budget; when KV blocks run out the worst running sequence is preempted,
+   possibly the one asking.
+2. Waiting sequences, best first, are admitted while seats, budget and blocks last. The first
+   one that does not fit stops admission, so a large high-priority prompt is not starved by
+   smaller ones behind it.
+
+Ranking. `fcfs`: arrival order. `priority`: the aged level, then (among equal levels) the
+tenant's served-token counter, then arrival. A sequence's aged level is
+`priority - steps_waited // aging_steps`: a request of priority p under a steady stream of
+priority-q requests (q < p) outranks every newcomer after (p - q + 1) * aging_steps steps, so
+its wait is bounded by that plus the time to serve the finitely many requests ahead of it.
+"""
+
+from __future__ import annotations
+
+from engine.block_manager import BlockManager, PrefixHit
+from engine.config import EngineConfig
+from engine.fairness import VirtualTokenCounter
+from engine.outputs import ScheduledSeq, SchedulerOutput
+from engine.sequence import Sequence, SequenceStatus
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.fairness = VirtualTokenCounter()
+        self.num_steps = 0
+        self.num_preemptions = 0
+
+    # -- membership ----------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.fairness.on_arrival(seq.tenant_key)
+        self.waiting.append(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and free its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        else:
+            return
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        self.fairness.on_finish(seq.tenant_key)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def live_sequences(self) -> list[Sequence]:
+        return self.waiting + self.running
+
+    # -- ranking -------------------------------------------------------------------------
+
+    def level(self, seq: Sequence) -> int:
+        waited = self.num_steps - seq.arrival_step
+        return seq.priority - waited // self.config.aging_steps
+
+    def admit_key(self, seq: Sequence) -> tuple[int, int, int]:
+        if self.config.policy == "fcfs":
+            return (0, 0, seq.arrival_order)
+        return (self.level(seq), self.fairness.served(seq.tenant_key), seq.arrival_order)
+
+    def rank_key(self, seq: Sequence) -> tuple[int, int]:
+        """Order for running sequences: the last one is the preemption victim."""
+        if self.config.policy == "fcfs":
+            return (0, seq.arrival_order)
+        return (self.level(seq), seq.arrival_order)
+
+    # -- the step ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        preempted: list[Sequence] = []
+        self.running.sort(key=self.rank_key)
+        self.waiting.sort(key=self.admit_key)
+        if self.config.policy == "priority":
+            self._preempt_for_better_waiting(preempted)
+        num_preempted_for_priority = len(preempted)
+
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.block_manager.can_allocate(seq, num_new):
+                victim = self.running[-1]
+                self._preempt(victim, preempted)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                break
+            self.block_manager.allocate(seq, num_new)
+            scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+            i += 1
+
+        # After running out of KV blocks this step, admitting more would only thrash.
+        if len(preempted) == num_preempted_for_priority:
+            budget = self._admit_waiting(scheduled, budget)
+
+        for item in scheduled:
+            self.fairness.charge(item.seq.tenant_key, item.num_new_tokens)
+        self.num_steps += 1
+        return SchedulerOutput(scheduled=scheduled, preempted=preempted)
+
+    def _admit_waiting(self, scheduled: list[ScheduledSeq], budget: int) -> int:
+        admitted: list[Sequence] = []
+        for seq in self.waiting:
+            if len(self.running) + len(admitted) >= self.config.max_num_seqs or budget <= 0:
+                break
+            hit = self._prefix_hit(seq)
+            num_computed = hit.num_blocks * self.block_manager.block_size
+            num_new = min(seq.num_tokens - num_computed, budget)
+            if not self.block_manager.can_allocate(seq, num_new, hit):
+                break
+            self.block_manager.allocate(seq, num_new, hit)
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = num_computed
+                self.block_manager.record_prefix_lookup(seq.num_prompt_tokens, num_computed)
+            seq.status = SequenceStatus.RUNNING
+            admitted.append(seq)
+            scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+        if admitted:
+            admitted_ids = {id(s) for s in admitted}
+            self.waiting = [s for s in self.waiting if id(s) not in admitted_ids]
+            self.running.extend(admitted)
+        return budget
+
+    def _preempt_for_better_waiting(self, preempted: list[Sequence]) -> None:
+        while self.waiting and self.running:
+            candidate = self.waiting[0]
+            victim = self.running[-1]
+            if self.level(candidate) >= self.level(victim):
+                return
+            batch_full = len(self.running) >= self.config.max_num_seqs
+            if not batch_full:
+                hit = self._prefix_hit(candidate)
+                first_chunk = min(
+                    candidate.num_tokens - hit.num_blocks * self.block_manager.block_size,
+                    self.config.max_num_batched_tokens,
+                )
+                if self.block_manager.can_allocate(candidate, first_chunk, hit):
+                    return
+            self._preempt(victim, preempted)
+
+    def _preempt(self, seq: Sequence, preempted: list[Sequence]) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.append(seq)
+        self.waiting.sort(key=self.admit_key)
+        preempted.append(seq)
+
+    def _prefix_hit(self, seq: Sequence) -> PrefixHit:
+        # Prompt logprobs need logits at every prompt position: no cached prefix for those.
+        if seq.request.sampling_params.prompt_logprobs is not None:
+            return PrefixHit([], [])
+        return self.block_manager.find_prefix(seq)
