@@ -1,0 +1,1 @@
+"""Keyword-only data-access functions. Every mutation writes its audit event and commits."""

@@ -1,0 +1,122 @@
+"""Tenants: create, list, get, update, delete, rotate the cache-salt epoch."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from tenancy.audit import record_event, snapshot
+from tenancy.authz import require_admin, require_any_admin, require_tenant_visible
+from tenancy.errors import BadRequest, Conflict, NotFound
+from tenancy.ids import new_id
+from tenancy.models import Tenant, utcnow
+from tenancy.principal import AuditContext, Principal
+from tenancy.schemas import TenantCreate, TenantUpdate
+
+
+async def load_tenant(session: AsyncSession, *, principal: Principal, tenant_id: str) -> Tenant:
+    require_any_admin(principal)
+    require_tenant_visible(principal, tenant_id)
+    tenant = await session.get(Tenant, tenant_id)
+    if tenant is None or tenant.status == "deleted":
+        raise NotFound("Tenant")
+    return tenant
+
+
+def _check_tier(tier: str, tiers: frozenset[str]) -> None:
+    if tier not in tiers:
+        raise BadRequest(f"Unknown tier; expected one of {sorted(tiers)}.", param="tier")
+
+
+async def create_tenant(
+    session: AsyncSession,
+    *,
+    ctx: AuditContext,
+    data: TenantCreate,
+    tiers: frozenset[str],
+    default_tier: str,
+) -> Tenant:
+    require_admin(ctx.principal)
+    tier = data.tier or default_tier
+    _check_tier(tier, tiers)
+    tenant = Tenant(id=new_id(), name=data.name, tier=tier, status="active", salt_epoch=0)
+    session.add(tenant)
+    try:
+        await session.flush()
+    except IntegrityError as exc:
+        await session.rollback()
+        raise Conflict("A tenant with this name exists.", param="name") from exc
+    record_event(
+        session, ctx=ctx, action="tenant.create", object_type="tenant", object_id=tenant.id,
+        tenant_id=tenant.id, before=None, after=snapshot(tenant),
+    )  # fmt: skip
+    await session.commit()
+    return tenant
+
+
+async def list_tenants(session: AsyncSession, *, principal: Principal) -> list[Tenant]:
+    require_any_admin(principal)
+    query = select(Tenant).where(Tenant.status != "deleted").order_by(Tenant.created_at)
+    if not principal.is_admin:
+        query = query.where(Tenant.id == principal.tenant_id)
+    return list((await session.scalars(query)).all())
+
+
+async def update_tenant(
+    session: AsyncSession,
+    *,
+    ctx: AuditContext,
+    tenant_id: str,
+    data: TenantUpdate,
+    tiers: frozenset[str],
+) -> Tenant:
+    tenant = await load_tenant(session, principal=ctx.principal, tenant_id=tenant_id)
+    require_admin(ctx.principal)
+    before = snapshot(tenant)
+    if data.tier is not None:
+        _check_tier(data.tier, tiers)
+        tenant.tier = data.tier
+    if data.name is not None:
+        tenant.name = data.name
+    if data.status is not None:
+        tenant.status = data.status
+    tenant.updated_at = utcnow()
+    try:
+        await session.flush()
+    except IntegrityError as exc:
+        await session.rollback()
+        raise Conflict("A tenant with this name exists.", param="name") from exc
+    record_event(
+        session, ctx=ctx, action="tenant.update", object_type="tenant", object_id=tenant.id,
+        tenant_id=tenant.id, before=before, after=snapshot(tenant),
+    )  # fmt: skip
+    await session.commit()
+    return tenant
+
+
+async def delete_tenant(session: AsyncSession, *, ctx: AuditContext, tenant_id: str) -> None:
+    """Hard delete: keys, quotas and adapters cascade; the usage ledger and audit log remain."""
+    tenant = await load_tenant(session, principal=ctx.principal, tenant_id=tenant_id)
+    require_admin(ctx.principal)
+    before = snapshot(tenant)
+    await session.delete(tenant)
+    record_event(
+        session, ctx=ctx, action="tenant.delete", object_type="tenant", object_id=tenant_id,
+        tenant_id=tenant_id, before=before, after=None,
+    )  # fmt: skip
+    await session.commit()
+
+
+async def rotate_salt(session: AsyncSession, *, ctx: AuditContext, tenant_id: str) -> Tenant:
+    tenant = await load_tenant(session, principal=ctx.principal, tenant_id=tenant_id)
+    require_admin(ctx.principal)
+    before = snapshot(tenant)
+    tenant.salt_epoch += 1
+    tenant.updated_at = utcnow()
+    record_event(
+        session, ctx=ctx, action="tenant.rotate_salt", object_type="tenant", object_id=tenant.id,
+        tenant_id=tenant.id, before=before, after=snapshot(tenant),
+    )  # fmt: skip
+    await session.commit()
+    return tenant

@@ -1,0 +1,128 @@
+"""Pydantic models between the tenancy layer and the admin routes (requests and responses)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tenancy.scopes import Scope
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class TenantCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=NAME_PATTERN)
+    tier: str | None = None
+
+
+class TenantUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(default=None, pattern=NAME_PATTERN)
+    tier: str | None = None
+    status: str | None = Field(default=None, pattern=r"^(active|suspended)$")
+
+
+class TenantOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    name: str
+    tier: str
+    status: str
+    salt_epoch: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+class ApiKeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=NAME_PATTERN)
+    scopes: list[Scope] = Field(default_factory=lambda: [Scope.INFERENCE], min_length=1)
+    expires_at: dt.datetime | None = None
+
+
+class ApiKeyRotate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    grace_seconds: float | None = Field(default=None, ge=0, le=30 * 86400)
+
+
+class ApiKeyOut(BaseModel):
+    """A key as listed: masked, prefix and last four only."""
+
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    tenant_id: str
+    name: str
+    prefix: str
+    last_four: str
+    scopes: list[str]
+    expires_at: dt.datetime | None
+    revoked_at: dt.datetime | None
+    rotation_grace_until: dt.datetime | None
+    replaced_by_id: str | None
+    created_at: dt.datetime
+
+
+class ApiKeyCreated(ApiKeyOut):
+    """The only response that ever carries the clear key."""
+
+    key: str
+
+
+class QuotaLimitsIn(BaseModel):
+    """NULL means unlimited."""
+
+    model_config = ConfigDict(extra="forbid")
+    requests_per_minute: int | None = Field(default=None, ge=0)
+    tokens_per_minute: int | None = Field(default=None, ge=0)
+    max_concurrent: int | None = Field(default=None, ge=0)
+    daily_token_budget: int | None = Field(default=None, ge=0)
+    monthly_token_budget: int | None = Field(default=None, ge=0)
+
+
+class QuotaPolicyOut(QuotaLimitsIn):
+    model_config = ConfigDict(from_attributes=True, extra="ignore")
+    tenant_id: str
+    api_key_id: str | None
+
+
+class AdapterOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    owner_tenant_id: str | None
+    name: str
+    base_model: str
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    sha256: str
+    size_bytes: int
+    status: str
+    created_at: dt.datetime
+
+
+class UsageRow(BaseModel):
+    tenant_id: str
+    day: dt.date
+    model: str
+    num_requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+class AuditEventOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    actor: str
+    actor_tenant_id: str | None
+    tenant_id: str | None
+    action: str
+    object_type: str
+    object_id: str
+    before: dict[str, object] | None
+    after: dict[str, object] | None
+    request_id: str | None
+    client_addr: str | None
+    created_at: dt.datetime
