@@ -247,7 +247,7 @@ def test_int64_bounds_are_accepted():
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
 def test_non_finite_numbers_are_rejected(literal: str):
-    raw = '{"token_ids": [1], "sampling_params": {"temperature": %s}}' % literal
+    raw = '{"token_ids": [1], "sampling_params": {"temperature": ' + literal + "}}"
     assert rejected(raw).param == "sampling_params.temperature"
 
 
@@ -277,7 +277,7 @@ def test_non_object_or_broken_bodies_are_rejected(raw: str):
 @pytest.mark.parametrize("depth", [300, 100_000])
 def test_deeply_nested_json_is_rejected(depth: int):
     nested = "[" * depth + "]" * depth
-    raw = '{"token_ids": [1], "sampling_params": {}, "kv_transfer_params": {"a": %s}}' % nested
+    raw = '{"token_ids": [1], "sampling_params": {}, "kv_transfer_params": {"a": ' + nested + "}}"
     rejected(raw)
 
 
