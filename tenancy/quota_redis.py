@@ -1,0 +1,162 @@
+"""The Redis QuotaStore (distributed mode): one Lua script per admission, exact across replicas.
+
+Redis down means fail closed: ServiceUnavailable (503), never an admission and never a 401.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from tenancy.errors import ServiceUnavailable
+from tenancy.ids import RequestId
+from tenancy.quota_lua import ADMIT, SETTLE, USAGE
+from tenancy.quotas import (
+    PENDING_TTL_S,
+    WINDOW_S,
+    Admission,
+    Limit,
+    QuotaExceeded,
+    QuotaSubject,
+    QuotaUsage,
+    SubjectState,
+    periods,
+    rate_info,
+)
+
+_CODES = {1: Limit.MONTHLY, 2: Limit.DAILY, 3: Limit.RPM, 4: Limit.TPM, 5: Limit.CONCURRENCY}
+
+
+class _Script:
+    """EVALSHA, loading the script on NoScriptError (a restarted or flushed Redis)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    async def __call__(
+        self, client: aioredis.Redis, keys: Sequence[str], args: Sequence[str | int | float]
+    ) -> object:
+        try:
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.sha = await client.script_load(self.source)
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
+
+
+def _limit_args(subject: QuotaSubject) -> list[int]:
+    lim = subject.limits
+    values = (
+        lim.monthly_token_budget,
+        lim.daily_token_budget,
+        lim.requests_per_minute,
+        lim.tokens_per_minute,
+        lim.max_concurrent,
+    )
+    return [-1 if v is None else v for v in values]
+
+
+class RedisQuotaStore:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        prefix: str,
+        lease_ttl_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._lease_ttl_s = lease_ttl_s
+        self._clock = clock
+        self._admit = _Script(ADMIT)
+        self._settle = _Script(SETTLE)
+        self._usage = _Script(USAGE)
+
+    def _keys(self, subject_key: str, day: str, month: str) -> list[str]:
+        base = f"{self._prefix}q:{subject_key}:"
+        return [base + s for s in ("win", "tok", "sum", "lease", f"d:{day}", f"m:{month}")]
+
+    def _marker(self, request_id: str) -> str:
+        return f"{self._prefix}q:rq:{request_id}"
+
+    async def admit(
+        self, *, request_id: RequestId, subjects: list[QuotaSubject], reserve_tokens: int
+    ) -> Admission:
+        now = self._clock()
+        day, month, to_day_end, to_month_end = periods(now)
+        keys = [self._marker(request_id)]
+        args: list[str | int | float] = [
+            repr(now), request_id, reserve_tokens, repr(now + self._lease_ttl_s), WINDOW_S,
+            repr(to_day_end), repr(to_month_end), int(PENDING_TTL_S), len(subjects),
+        ]  # fmt: skip
+        for subject in subjects:
+            keys += self._keys(subject.key, day, month)
+            args += _limit_args(subject)
+        try:
+            reply = await self._admit(self._client, keys, args)
+        except ResponseError as exc:
+            if "duplicate request id" in str(exc):
+                raise ValueError("duplicate request id") from exc
+            raise ServiceUnavailable("The quota store") from exc
+        except (RedisError, OSError) as exc:
+            raise ServiceUnavailable("The quota store") from exc
+        assert isinstance(reply, list)
+        values = [int(v) for v in reply]
+        if values[0] == 1:
+            rate = rate_info(subjects, _states(values[1:]))
+            return Admission(
+                request_id=request_id,
+                subject_keys=tuple(s.key for s in subjects),
+                reserved_tokens=reserve_tokens,
+                day=day,
+                month=month,
+                rate=rate,
+            )
+        _, index, code, retry_ms = values[:4]
+        raise QuotaExceeded(
+            limit=_CODES[code],
+            subject_key=subjects[index].key,
+            retry_after_s=max(0, retry_ms) / 1000,
+            rate=rate_info(subjects, _states(values[4:])),
+        )
+
+    async def settle(self, admission: Admission, *, used_tokens: int) -> None:
+        keys = [self._marker(admission.request_id)]
+        for key in admission.subject_keys:
+            keys += self._keys(key, admission.day, admission.month)
+        args: list[str | int | float] = [
+            admission.request_id, used_tokens, admission.reserved_tokens,
+            len(admission.subject_keys),
+        ]  # fmt: skip
+        try:
+            await self._settle(self._client, keys, args)
+        except (RedisError, OSError) as exc:
+            raise ServiceUnavailable("The quota store") from exc
+
+    async def usage(self, subject_key: str) -> QuotaUsage:
+        now = self._clock()
+        day, month, _, _ = periods(now)
+        try:
+            reply = await self._usage(
+                self._client, self._keys(subject_key, day, month), [repr(now), WINDOW_S]
+            )
+        except (RedisError, OSError) as exc:
+            raise ServiceUnavailable("The quota store") from exc
+        assert isinstance(reply, list)
+        r, t, leases, d, m = (int(v) for v in reply)
+        return QuotaUsage(r, t, leases, d, m)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _states(flat: list[int]) -> list[SubjectState]:
+    return [
+        SubjectState(flat[i], flat[i + 1], flat[i + 2] / 1000, flat[i + 2] / 1000)
+        for i in range(0, len(flat), 3)
+    ]

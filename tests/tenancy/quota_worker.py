@@ -1,0 +1,43 @@
+"""One gateway replica for the multi-process quota test: fires N concurrent admissions at once.
+
+Prints a JSON line {"admitted": [reserved tokens...], "rejected": n} to stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import uuid
+
+from tenancy.ids import RequestId
+from tenancy.quota_redis import RedisQuotaStore
+from tenancy.quotas import QuotaExceeded, QuotaLimits, QuotaSubject
+from tenancy.redis_client import make_redis
+
+
+async def main(redis_url: str, prefix: str, rpm: int, n: int, start_at: float) -> None:
+    client = make_redis(redis_url, max_connections=n)
+    store = RedisQuotaStore(client, prefix=prefix, lease_ttl_s=60)
+    subject = QuotaSubject("t:shared", QuotaLimits(requests_per_minute=rpm))
+    await client.ping()
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+
+    async def one(i: int) -> int | None:
+        rid = RequestId(f"{uuid.uuid4()}")
+        try:
+            await store.admit(request_id=rid, subjects=[subject], reserve_tokens=i + 1)
+        except QuotaExceeded:
+            return None
+        return i + 1
+
+    results = await asyncio.gather(*(one(i) for i in range(n)))
+    admitted = [r for r in results if r is not None]
+    print(json.dumps({"admitted": admitted, "rejected": n - len(admitted)}), flush=True)
+    await store.close()
+
+
+if __name__ == "__main__":
+    url, prefix, rpm, n, start = sys.argv[1:6]
+    asyncio.run(main(url, prefix, int(rpm), int(n), float(start)))
