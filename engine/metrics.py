@@ -1,0 +1,195 @@
+"""Prometheus metrics of one engine server, on a registry of its own (never the global one).
+
+Gauges and counters that the engine keeps are read from its stats snapshot at scrape time;
+latency histograms are observed by the server when a request finishes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engine.outputs import EngineStats, FinishReason, RequestOutput
+
+# Bounded label cardinality: the busiest tenants by served tokens get their own series, the
+# rest are summed into OTHER_TENANT.
+MAX_TENANT_LABELS = 50
+OTHER_TENANT = "other"
+NO_TENANT = "none"
+
+# vLLM's buckets, so dashboards built for vLLM read the same.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0,
+                 20.0, 40.0, 80.0, 160.0, 640.0)  # fmt: skip
+
+
+def priority_band(priority: int) -> str:
+    """A fixed, tiny label set for priorities (lower runs earlier)."""
+    if priority < 0:
+        return "lt0"
+    return "0" if priority == 0 else "gt0"
+
+
+def tenant_label(key: str) -> str:
+    """A short digest: fairness keys fall back to cache salts, which never appear in clear."""
+    if not key:
+        return NO_TENANT
+    return "t_" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def bounded_tenant_series(served: dict[str, int]) -> list[tuple[str, int]]:
+    """(label, served tokens): the top MAX_TENANT_LABELS tenants, then the rest as `other`."""
+    ranked = sorted(served.items(), key=lambda item: (-item[1], item[0]))
+    series: dict[str, int] = {}
+    for key, tokens in ranked[:MAX_TENANT_LABELS]:
+        label = tenant_label(key)
+        series[label] = series.get(label, 0) + tokens
+    rest = sum(tokens for _, tokens in ranked[MAX_TENANT_LABELS:])
+    if rest:
+        series[OTHER_TENANT] = series.get(OTHER_TENANT, 0) + rest
+    return list(series.items())
+
+
+class EngineStatsCollector(Collector):
+    """Reads the engine's stats snapshot at each scrape."""
+
+    def __init__(self, stats: Callable[[], EngineStats], model_name: str) -> None:
+        self._stats = stats
+        self._model_name = model_name
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=["model_name"])
+        family.add_metric([self._model_name], value)
+        return family
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, doc, labels=["model_name"])
+        family.add_metric([self._model_name], value)
+        return family
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        yield self._gauge(
+            "vllm:num_requests_running", "Requests in the running batch.", stats.num_running
+        )
+        yield self._gauge(
+            "vllm:num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting
+        )
+        yield self._gauge("vllm:kv_cache_usage_perc", "KV cache usage (1 = full).", stats.kv_usage)
+        yield self._counter(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            stats.prefix_cache_queries_total,
+        )
+        yield self._counter(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache.",
+            stats.prefix_cache_hits_total,
+        )
+        yield self._counter(
+            "vllm:num_preemptions", "Preempted requests.", stats.num_preemptions_total
+        )
+        yield self._counter(
+            "vllm:prompt_tokens", "Prefill tokens processed.", stats.prompt_tokens_total
+        )
+        yield self._counter(
+            "vllm:generation_tokens", "Generated tokens.", stats.generation_tokens_total
+        )
+        # A gauge, not a counter: the fairness counter may be lifted for new tenants, and the
+        # `other` series changes membership as tenants move in and out of the top set.
+        served = GaugeMetricFamily(
+            "loragate_engine_served_tokens",
+            "Served tokens per tenant in the fairness counter (top tenants, the rest as other).",
+            labels=["model_name", "tenant"],
+        )
+        for label, tokens in bounded_tenant_series(stats.served_tokens_by_tenant):
+            served.add_metric([self._model_name, label], tokens)
+        yield served
+
+
+class EngineMetrics:
+    """All metrics of one engine server; `registry` is what /metrics exposes."""
+
+    def __init__(self, *, model_name: str, stats: Callable[[], EngineStats]) -> None:
+        self.registry = CollectorRegistry()
+        self._model_name = model_name
+        self.registry.register(EngineStatsCollector(stats, model_name))
+        labels = ["model_name"]
+        self._ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self._tpot = Histogram(
+            "vllm:time_per_output_token_seconds",
+            "Mean time per output token after the first, per request.",
+            labels,
+            buckets=TPOT_BUCKETS,
+            registry=self.registry,
+        )
+        self._e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._queue = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Time from arrival to first scheduling.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._queue_by_band = Histogram(
+            "loragate_engine_queue_wait_seconds",
+            "Time from arrival to first scheduling, by priority band.",
+            ["model_name", "priority_band"],
+            buckets=QUEUE_BUCKETS,
+            registry=self.registry,
+        )
+        self._success = Counter(
+            "vllm:request_success",
+            "Finished requests by finish reason.",
+            ["model_name", "finished_reason"],
+            registry=self.registry,
+        )
+        for reason in FinishReason:
+            self._success.labels(model_name, reason.value)  # every series exists from the start
+
+    def observe_finished(
+        self, output: RequestOutput, *, reason: FinishReason, num_choices: int = 1
+    ) -> None:
+        """Record one finished request from its final output's timestamps."""
+        self._success.labels(self._model_name, reason.value).inc()
+        times = output.times
+        if times is None:
+            return
+        model = self._model_name
+        if times.first_scheduled is not None:
+            waited = max(0.0, times.first_scheduled - times.arrival)
+            self._queue.labels(model).observe(waited)
+            self._queue_by_band.labels(model, priority_band(output.priority)).observe(waited)
+        if times.first_token is not None:
+            self._ttft.labels(model).observe(max(0.0, times.first_token - times.arrival))
+        if times.finished is not None:
+            self._e2e.labels(model).observe(max(0.0, times.finished - times.arrival))
+            tokens_per_choice = output.num_output_tokens / max(1, num_choices)
+            if times.first_token is not None and tokens_per_choice > 1:
+                decode = max(0.0, times.finished - times.first_token)
+                self._tpot.labels(model).observe(decode / (tokens_per_choice - 1))
+
+    def observe_abandoned(self) -> None:
+        """A request whose client went away before it finished (the engine aborted it)."""
+        self._success.labels(self._model_name, FinishReason.ABORT.value).inc()

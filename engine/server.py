@@ -1,0 +1,323 @@
+"""The engine's HTTP server: vLLM's tokens-only protocol (spec/tokens-api.md), health, metrics.
+
+The only engine module that imports FastAPI. Routes stay thin: parse with engine.protocol, call
+the AsyncEngine, shape the response; every EngineError becomes its HTTP status in one handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from engine.async_engine import AsyncEngine, RequestStream
+from engine.config import EngineConfig
+from engine.errors import EngineError
+from engine.metrics import EngineMetrics
+from engine.outputs import FinishReason, RequestOutput
+from engine.protocol import (
+    SSE_DONE,
+    EngineLimits,
+    GenerateRequest,
+    GenerateResponse,
+    ResponseBuilder,
+    error_body,
+    is_error_output,
+    parse_abort_request,
+    parse_generate_request,
+    sse_event,
+    to_engine_request,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 8 << 20
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+# Not a standard status: what nginx logs for a client that closed the connection first.
+CLIENT_CLOSED_REQUEST = 499
+
+
+class RequestTooLargeError(EngineError):
+    """The body is over the server's size limit: 413."""
+
+    status_code = 413
+    error_type = "invalid_request_error"
+
+
+# ---- dependencies ----------------------------------------------------------------------------
+
+
+def get_engine(request: Request) -> AsyncEngine:
+    engine: AsyncEngine = request.app.state.engine
+    return engine
+
+
+def get_metrics(request: Request) -> EngineMetrics:
+    metrics: EngineMetrics = request.app.state.metrics
+    return metrics
+
+
+async def read_body(request: Request) -> bytes:
+    """The raw body, refused with 413 as soon as it is known to pass the limit."""
+    limit: int = request.app.state.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestTooLargeError(f"the body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestTooLargeError(f"the body is larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+EngineDep = Annotated[AsyncEngine, Depends(get_engine)]
+MetricsDep = Annotated[EngineMetrics, Depends(get_metrics)]
+BodyDep = Annotated[bytes, Depends(read_body)]
+
+
+def engine_limits(engine: AsyncEngine) -> EngineLimits:
+    return EngineLimits(
+        vocab_size=engine.vocab_size,
+        max_model_len=engine.max_model_len,
+        base_model_name=engine.model_name,
+        policy=engine.config.policy,
+    )
+
+
+# ---- responses -------------------------------------------------------------------------------
+
+
+def _json(payload: GenerateResponse | Any, status_code: int = 200) -> Response:
+    return Response(payload.model_dump_json(), status_code, media_type="application/json")
+
+
+def error_response(exc: EngineError) -> Response:
+    body = error_body(
+        exc.message,
+        error_type=exc.error_type,
+        param=exc.param,
+        code=exc.code if exc.code is not None else exc.status_code,
+    )
+    return _json(body, exc.status_code)
+
+
+async def _engine_error_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, EngineError)
+    return error_response(exc)
+
+
+async def _unexpected_error_handler(request: Request, exc: Exception) -> Response:
+    logger.error("unhandled %s on %s", type(exc).__name__, request.url.path, exc_info=exc)
+    return error_response(EngineError("internal server error"))
+
+
+class _EventStreamResponse(StreamingResponse):
+    """SSE response that runs `on_close` however the stream ends (done, error, disconnect)."""
+
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+class _RequestRun:
+    """One admitted request: its stream, the wire builder and the metric bookkeeping."""
+
+    def __init__(
+        self, wire: GenerateRequest, stream: RequestStream, metrics: EngineMetrics
+    ) -> None:
+        self.wire = wire
+        self.stream = stream
+        self.builder = ResponseBuilder(wire)
+        self._metrics = metrics
+
+    def finish(self, output: RequestOutput) -> None:
+        if not output.finished:
+            return
+        reason = FinishReason.ERROR if is_error_output(output) else self._final_reason(output)
+        self._metrics.observe_finished(
+            output, reason=reason, num_choices=self.wire.sampling_params.n
+        )
+
+    @staticmethod
+    def _final_reason(output: RequestOutput) -> FinishReason:
+        reasons = [c.finish_reason for c in output.choices if c.finish_reason is not None]
+        # With n > 1 the request ends with its last choice; an abort anywhere marks it aborted.
+        if FinishReason.ABORT in reasons:
+            return FinishReason.ABORT
+        return reasons[-1] if reasons else FinishReason.STOP
+
+    def close(self) -> None:
+        if not self.stream.finished and not self.stream.closed:
+            self._metrics.observe_abandoned()
+        self.stream.close()
+
+    async def events(self) -> AsyncIterator[bytes]:
+        builder = self.builder
+        failed = False
+        try:
+            async for output in self.stream:
+                self.finish(output)
+                if is_error_output(output):
+                    chunk = builder.chunk(output)  # tokens produced before the failure
+                    if chunk is not None and chunk.choices:
+                        yield sse_event(chunk)
+                    failed = True
+                    if self.wire.include_usage:
+                        yield sse_event(builder.usage_chunk())
+                    message = output.error or "the engine failed while generating"
+                    yield sse_event(error_body(message, error_type="server_error", code=500))
+                    break
+                chunk = builder.chunk(output)
+                if chunk is not None:
+                    yield sse_event(chunk)
+        except Exception as exc:  # headers are sent: the only way left to report it
+            logger.error("stream failed with %s", type(exc).__name__, exc_info=exc)
+            failed = True
+            yield sse_event(
+                error_body("internal server error", error_type="server_error", code=500)
+            )
+        if not failed and self.wire.include_usage:
+            yield sse_event(builder.usage_chunk())
+        yield SSE_DONE
+
+    async def collect(self) -> GenerateResponse:
+        try:
+            async for output in self.stream:
+                self.finish(output)
+                if is_error_output(output):
+                    raise EngineError(output.error or "the engine failed while generating")
+                self.builder.add(output)
+        finally:
+            self.close()
+        return self.builder.response()
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Response]) -> Response:
+    """Run `work`, cancelling it (so its request is aborted) if the client goes away first."""
+    work_task = asyncio.ensure_future(work)
+    watch_task = asyncio.ensure_future(_wait_for_disconnect(request.receive))
+    try:
+        await asyncio.wait({work_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch_task.cancel()
+        if not work_task.done():
+            work_task.cancel()
+            await asyncio.gather(work_task, return_exceptions=True)
+    if work_task.cancelled():
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return work_task.result()
+
+
+# ---- routes ----------------------------------------------------------------------------------
+
+router = APIRouter()
+
+
+@router.post("/inference/v1/generate", response_model=None)
+async def generate(
+    request: Request, engine: EngineDep, metrics: MetricsDep, body: BodyDep
+) -> Response:
+    wire = parse_generate_request(body)
+    stream = await engine.add_request(to_engine_request(wire, engine_limits(engine)))
+    run = _RequestRun(wire, stream, metrics)
+    if wire.stream:
+        return _EventStreamResponse(run.events(), on_close=run.close)
+
+    async def respond() -> Response:
+        return _json(await run.collect())
+
+    return await _unless_disconnected(request, respond())
+
+
+@router.post("/abort_requests", response_model=None)
+async def abort_requests(engine: EngineDep, body: BodyDep) -> Response:
+    await engine.abort(parse_abort_request(body))
+    return Response(status_code=200)
+
+
+@router.get("/health", response_model=None)
+async def health(engine: EngineDep) -> Response:
+    if engine.is_healthy:
+        return JSONResponse({"status": "ok"})
+    status = "dead" if engine.is_dead else "draining"
+    return JSONResponse({"status": status}, status_code=503)
+
+
+@router.get("/metrics", response_model=None)
+async def metrics_endpoint(metrics: MetricsDep) -> Response:
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+# ---- app -------------------------------------------------------------------------------------
+
+
+def create_app(
+    engine: AsyncEngine,
+    *,
+    admin_token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+) -> FastAPI:
+    """The engine's ASGI app; its lifespan drains the engine on shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await engine.shutdown(drain_timeout_s)
+
+    app = FastAPI(
+        title="loragate engine",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.engine = engine
+    app.state.metrics = EngineMetrics(model_name=engine.model_name, stats=engine.stats)
+    app.state.admin_token = admin_token  # for the adapter endpoints
+    app.state.max_body_bytes = max_body_bytes
+    app.add_exception_handler(EngineError, _engine_error_handler)
+    app.add_exception_handler(Exception, _unexpected_error_handler)
+    app.include_router(router)
+    return app
+
+
+def serve(config: EngineConfig, *, host: str, port: int, admin_token: str | None) -> None:
+    """Load the model, then serve until SIGINT/SIGTERM (uvicorn), draining on the way out."""
+    import uvicorn
+
+    engine = AsyncEngine.from_config(config)
+    app = create_app(engine, admin_token=admin_token)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        timeout_graceful_shutdown=int(DEFAULT_DRAIN_TIMEOUT_S),
+        log_level="info",
+    )
