@@ -10,3 +10,32 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ModelFactory = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def model_factory(tmp_path_factory: pytest.TempPathFactory) -> ModelFactory:
+    """Build (once per session) a generated checkpoint: factory(family="llama", tie=False)."""
+    from engine.make_model import make_model
+
+    built: dict[tuple[str, str, bool], Path] = {}
+
+    def factory(*, size: str = "tiny", family: str = "llama", tie: bool = False) -> Path:
+        key = (size, family, tie)
+        if key not in built:
+            out = tmp_path_factory.mktemp(f"{size}-{family}{'-tied' if tie else ''}")
+            built[key] = make_model(out, size=size, family=family, tie_word_embeddings=tie)
+        return built[key]
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(model_factory: ModelFactory) -> Path:
+    return model_factory()

@@ -71,6 +71,9 @@ def load_model(
     with torch.device("meta"):
         model = LlamaForCausalLM(config, rotary)
     model = model.to_empty(device=device).to(dtype)
+    if config.tie_word_embeddings:
+        # to_empty() allocates each parameter separately, which unties shared weights.
+        model.lm_head.weight = model.embed_tokens.weight
     params = dict(model.named_parameters(remove_duplicate=False))
     pending: dict[str, dict[int, torch.Tensor]] = {}
     loaded: set[str] = set()

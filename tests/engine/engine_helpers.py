@@ -1,0 +1,94 @@
+"""Drive a real LLMEngine synchronously in tests and collect what it produced."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.llm_engine import LLMEngine
+from engine.outputs import FinishReason, RequestOutput
+from engine.request import EngineRequest, RequestId
+from engine.sampling_params import SamplingParams
+
+
+@dataclass
+class Collected:
+    tokens: dict[str, dict[int, list[int]]] = field(default_factory=dict)
+    finish: dict[str, dict[int, FinishReason]] = field(default_factory=dict)
+    outputs: dict[str, list[RequestOutput]] = field(default_factory=dict)
+    first_token_step: dict[str, int] = field(default_factory=dict)
+    finish_step: dict[str, int] = field(default_factory=dict)
+
+    def add(self, out: RequestOutput, step: int) -> None:
+        rid = out.request_id
+        self.outputs.setdefault(rid, []).append(out)
+        for choice in out.choices:
+            self.tokens.setdefault(rid, {}).setdefault(choice.index, []).extend(choice.token_ids)
+            if choice.token_ids:
+                self.first_token_step.setdefault(rid, step)
+            if choice.finish_reason is not None:
+                self.finish.setdefault(rid, {})[choice.index] = choice.finish_reason
+        if out.finished:
+            self.finish_step[rid] = step
+
+    def tokens_of(self, rid: str, index: int = 0) -> list[int]:
+        return self.tokens.get(rid, {}).get(index, [])
+
+
+def request(
+    rid: str,
+    prompt: Iterable[int],
+    *,
+    max_tokens: int = 8,
+    priority: int = 0,
+    salt: str | None = None,
+    tenant: str | None = None,
+    **params: object,
+) -> EngineRequest:
+    """A greedy, ignore_eos request unless params say otherwise."""
+    sampling = {"temperature": 0.0, "ignore_eos": True, "max_tokens": max_tokens, **params}
+    return EngineRequest(
+        request_id=RequestId(rid),
+        prompt_token_ids=tuple(prompt),
+        sampling_params=SamplingParams(**sampling),  # type: ignore[arg-type]
+        priority=priority,
+        cache_salt=salt,
+        fairness_key=tenant,
+    )
+
+
+def run_to_completion(
+    engine: LLMEngine, collected: Collected | None = None, max_steps: int = 100_000
+) -> Collected:
+    collected = collected or Collected()
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            engine.check_invariants()
+            return collected
+        step = engine.scheduler.num_steps
+        for out in engine.step():
+            collected.add(out, step)
+        engine.check_invariants()
+    raise AssertionError("engine did not finish")
+
+
+def capture_first_logits(engine: LLMEngine) -> dict[str, torch.Tensor]:
+    """Record each request's logits at its first sampled position (wraps the real runner)."""
+    captured: dict[str, torch.Tensor] = {}
+    execute = engine.runner.execute
+
+    def spy(sched):  # type: ignore[no-untyped-def]
+        forward = execute(sched)
+        for seq, row in zip(forward.sampling_seqs, forward.logits, strict=True):
+            captured.setdefault(seq.request.request_id, row.float().clone())
+        return forward
+
+    engine.runner.execute = spy  # type: ignore[method-assign]
+    return captured
+
+
+def random_prompts(seed: int, lengths: Iterable[int], vocab: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
