@@ -19,6 +19,7 @@ from engine.request import EngineRequest, RequestId
 from engine.sampling_params import SamplingParams
 
 TIMEOUT_S = 30  # a hang fails the test instead of the whole run
+QUEUE_LEN = 16
 _ids = itertools.count()
 
 
@@ -42,7 +43,9 @@ def long_request(**fields) -> EngineRequest:
 @pytest.fixture(scope="module")
 def llm_engine(tiny_model_dir: Path) -> Iterator[LLMEngine]:
     engine = LLMEngine(
-        EngineConfig(model=str(tiny_model_dir), num_kv_blocks=256, max_num_seqs=8, max_queue_len=4)
+        EngineConfig(
+            model=str(tiny_model_dir), num_kv_blocks=256, max_num_seqs=8, max_queue_len=QUEUE_LEN
+        )
     )
     yield engine
     engine.check_invariants()
@@ -162,8 +165,8 @@ async def test_abort_ends_every_choice_with_abort(engine: AsyncEngine):
 
 
 async def test_overload_past_the_queue_limit_is_503(engine: AsyncEngine):
-    assert engine.config.max_queue_len == 4
-    streams = [await engine.add_request(long_request()) for _ in range(4)]
+    assert engine.config.max_queue_len == QUEUE_LEN
+    streams = [await engine.add_request(long_request()) for _ in range(QUEUE_LEN)]
     with pytest.raises(EngineUnavailableError) as info:
         await engine.add_request(make_request())
     assert info.value.status_code == 503
@@ -173,6 +176,25 @@ async def test_overload_past_the_queue_limit_is_503(engine: AsyncEngine):
     await assert_idle_and_consistent(engine)
     outputs = await drain(await engine.add_request(make_request(max_tokens=2)))
     assert outputs[-1].finished
+
+
+async def test_many_consumers_cancelled_at_every_stage_free_everything(engine: AsyncEngine):
+    """Cancelled while admitting, waiting, prefilling or decoding: nothing may leak."""
+    progressed = [asyncio.Event() for _ in range(QUEUE_LEN)]
+
+    async def consume(index: int) -> None:
+        async for _ in await engine.generate(long_request(prompt=tuple(range(1, 40 + index)))):
+            progressed[index].set()
+
+    tasks = [asyncio.create_task(consume(i)) for i in range(QUEUE_LEN)]
+    await asyncio.sleep(0)  # let them start their admission, not finish it
+    tasks[0].cancel()  # most likely still waiting to be admitted
+    await asyncio.wait_for(progressed[1].wait(), TIMEOUT_S)
+    for task in tasks:
+        task.cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(result, asyncio.CancelledError) for result in results)
+    await assert_idle_and_consistent(engine)
 
 
 async def test_drain_lets_running_requests_finish_and_refuses_new_ones(engine: AsyncEngine):
