@@ -6,12 +6,14 @@ import argparse
 from collections.abc import Sequence
 
 from engine import cli as engine_cli
+from tenancy import cli as tenancy_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loragate", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
     engine_cli.add_subcommands(subparsers)
+    tenancy_cli.add_subcommands(subparsers)
     return parser
 
 

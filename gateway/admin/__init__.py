@@ -1,0 +1,24 @@
+"""The admin REST API, mounted by the gateway app at /admin/v1.
+
+The app factory stores a `tenancy.runtime.TenancyRuntime` on `app.state.tenancy` and calls
+`install_error_handlers(app)` once.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gateway.admin import adapters, audit, keys, quotas, tenants, usage
+from gateway.admin.errors import install_error_handlers
+
+PREFIX = "/admin/v1"
+
+
+def admin_router() -> APIRouter:
+    router = APIRouter(prefix=PREFIX)
+    for module in (tenants, keys, quotas, adapters, usage, audit):
+        router.include_router(module.router)
+    return router
+
+
+__all__ = ["PREFIX", "admin_router", "install_error_handlers"]

@@ -1,0 +1,59 @@
+"""/admin/v1/tenants"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, status
+
+from gateway.admin.deps import AuditDep, PrincipalDep, RuntimeDep, SessionDep
+from tenancy.crud import tenants as crud
+from tenancy.schemas import TenantCreate, TenantOut, TenantUpdate
+
+router = APIRouter(prefix="/tenants", tags=["tenants"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=TenantOut)
+async def create_tenant(
+    body: TenantCreate, session: SessionDep, ctx: AuditDep, runtime: RuntimeDep
+) -> object:
+    return await crud.create_tenant(
+        session, ctx=ctx, data=body, tiers=runtime.tier_names,
+        default_tier=runtime.settings.default_tier,
+    )  # fmt: skip
+
+
+@router.get("", response_model=list[TenantOut])
+async def list_tenants(session: SessionDep, principal: PrincipalDep) -> object:
+    return await crud.list_tenants(session, principal=principal)
+
+
+@router.get("/{tenant_id}", response_model=TenantOut)
+async def get_tenant(tenant_id: str, session: SessionDep, principal: PrincipalDep) -> object:
+    return await crud.load_tenant(session, principal=principal, tenant_id=tenant_id)
+
+
+@router.patch("/{tenant_id}", response_model=TenantOut)
+async def update_tenant(
+    tenant_id: str, body: TenantUpdate, session: SessionDep, ctx: AuditDep, runtime: RuntimeDep
+) -> object:
+    tenant = await crud.update_tenant(
+        session, ctx=ctx, tenant_id=tenant_id, data=body, tiers=runtime.tier_names
+    )
+    await runtime.keys.invalidate(tenant_id=tenant_id)  # status and tier live in the key cache
+    return tenant
+
+
+@router.delete("/{tenant_id}", status_code=status.HTTP_204_NO_CONTENT)
+async def delete_tenant(
+    tenant_id: str, session: SessionDep, ctx: AuditDep, runtime: RuntimeDep
+) -> None:
+    await crud.delete_tenant(session, ctx=ctx, tenant_id=tenant_id)
+    await runtime.keys.invalidate(tenant_id=tenant_id)
+
+
+@router.post("/{tenant_id}/salt/rotate", response_model=TenantOut)
+async def rotate_salt(
+    tenant_id: str, session: SessionDep, ctx: AuditDep, runtime: RuntimeDep
+) -> object:
+    tenant = await crud.rotate_salt(session, ctx=ctx, tenant_id=tenant_id)
+    await runtime.keys.invalidate(tenant_id=tenant_id)
+    return tenant

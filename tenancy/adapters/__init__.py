@@ -1,0 +1,1 @@
+"""Adapter uploads: archive and file checks, PEFT config and safetensors header checks, storage."""

@@ -1,0 +1,89 @@
+"""The usage ledger: one row per request (idempotent by request id), reports per day and model."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from tenancy.crud.tenants import load_tenant
+from tenancy.ids import ApiKeyId, RequestId, TenantId, new_id
+from tenancy.models import UsageRecord
+from tenancy.principal import Principal
+from tenancy.schemas import UsageRow
+
+
+@dataclass(frozen=True)
+class UsageIn:
+    request_id: RequestId
+    tenant_id: TenantId
+    api_key_id: ApiKeyId | None
+    model: str
+    adapter_id: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: str
+    started_at: dt.datetime
+    finished_at: dt.datetime
+
+
+async def record_usage(session: AsyncSession, *, record: UsageIn) -> bool:
+    """False when this request id is already in the ledger (a retried settlement)."""
+    session.add(
+        UsageRecord(
+            id=new_id(),
+            day=record.finished_at.astimezone(dt.UTC).date(),
+            **asdict(record),
+        )
+    )
+    try:
+        await session.commit()
+    except IntegrityError:
+        await session.rollback()
+        return False
+    return True
+
+
+async def usage_report(
+    session: AsyncSession,
+    *,
+    principal: Principal,
+    tenant_id: str,
+    since: dt.date | None = None,
+    until: dt.date | None = None,
+) -> list[UsageRow]:
+    await load_tenant(session, principal=principal, tenant_id=tenant_id)
+    u = UsageRecord
+    query = (
+        select(
+            u.day,
+            u.model,
+            func.count(u.id),
+            func.sum(u.prompt_tokens),
+            func.sum(u.completion_tokens),
+            func.sum(u.cached_tokens),
+        )
+        .where(u.tenant_id == tenant_id)
+        .group_by(u.day, u.model)
+        .order_by(u.day, u.model)
+    )
+    if since is not None:
+        query = query.where(u.day >= since)
+    if until is not None:
+        query = query.where(u.day <= until)
+    return [
+        UsageRow(
+            tenant_id=tenant_id,
+            day=day,
+            model=model,
+            num_requests=n,
+            prompt_tokens=p or 0,
+            completion_tokens=c or 0,
+            cached_tokens=k or 0,
+        )
+        for day, model, n, p, c, k in (await session.execute(query)).all()
+    ]

@@ -1,0 +1,126 @@
+"""Everything the tenancy layer needs at run time, built once from settings by the app factory."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+import redis.asyncio as aioredis
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from tenancy.adapters.service import AdapterService
+from tenancy.adapters.validation import AdapterValidator, FormatChecksValidator
+from tenancy.db import make_engine, make_sessionmaker
+from tenancy.key_auth import KeyCache, KeyVerifier
+from tenancy.keys import KeyMinter
+from tenancy.oidc import OidcConfig, OidcVerifier
+from tenancy.priority import PriorityMapper
+from tenancy.quota_memory import InProcessQuotaStore
+from tenancy.quota_redis import RedisQuotaStore
+from tenancy.quotas import QuotaStore
+from tenancy.redis_client import make_redis
+from tenancy.salts import SaltDeriver
+from tenancy.settings import TenancySettings
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass
+class TenancyRuntime:
+    settings: TenancySettings
+    engine: AsyncEngine
+    sessionmaker: async_sessionmaker[AsyncSession]
+    minter: KeyMinter
+    keys: KeyVerifier
+    quotas: QuotaStore
+    salts: SaltDeriver
+    priority: PriorityMapper
+    adapters: AdapterService
+    oidc: OidcVerifier | None = None
+    redis: aioredis.Redis | None = None
+    http: httpx.AsyncClient | None = None
+    now: Callable[[], dt.datetime] = field(default=_utcnow)
+
+    @property
+    def tier_names(self) -> frozenset[str]:
+        return frozenset(self.settings.tiers)
+
+    async def close(self) -> None:
+        await self.keys.stop()
+        await self.quotas.close()
+        if self.http is not None:
+            await self.http.aclose()
+        if self.redis is not None:
+            await self.redis.aclose()
+        await self.engine.dispose()
+
+
+async def build_runtime(
+    settings: TenancySettings,
+    *,
+    validator: AdapterValidator | None = None,
+    http: httpx.AsyncClient | None = None,
+) -> TenancyRuntime:
+    """`validator` is the seam for the LoRA loader's checks; format checks are the default."""
+    engine = make_engine(settings.database_url)
+    sessionmaker = make_sessionmaker(engine)
+    redis = make_redis(settings.redis_url) if settings.redis_url else None
+    minter = KeyMinter(
+        prefix=settings.key_prefix, pepper=settings.key_pepper.get_secret_value().encode()
+    )
+    keys = KeyVerifier(
+        minter=minter,
+        sessionmaker=sessionmaker,
+        cache=KeyCache(settings.key_cache_ttl_s),
+        redis=redis,
+        channel=settings.key_revocation_channel,
+    )
+    quotas: QuotaStore
+    if settings.quota_store == "redis":
+        assert redis is not None  # settings validation guarantees redis_url
+        quotas = RedisQuotaStore(
+            make_redis(settings.redis_url or ""),
+            prefix=settings.redis_key_prefix,
+            lease_ttl_s=settings.lease_ttl_s,
+        )
+    else:
+        quotas = InProcessQuotaStore(lease_ttl_s=settings.lease_ttl_s)
+    oidc = None
+    if settings.oidc_issuer and settings.oidc_audience and settings.oidc_jwks_url:
+        http = http or httpx.AsyncClient()
+        oidc = OidcVerifier(
+            OidcConfig(
+                issuer=settings.oidc_issuer,
+                audience=settings.oidc_audience,
+                jwks_url=settings.oidc_jwks_url,
+                algorithms=tuple(settings.oidc_algorithms),
+                role_claim=settings.oidc_role_claim,
+                admin_role=settings.oidc_admin_role,
+                tenant_admin_role=settings.oidc_tenant_admin_role,
+                tenant_claim=settings.oidc_tenant_claim,
+                jwks_ttl_s=settings.oidc_jwks_ttl_s,
+            ),
+            http,
+        )
+    runtime = TenancyRuntime(
+        settings=settings,
+        engine=engine,
+        sessionmaker=sessionmaker,
+        minter=minter,
+        keys=keys,
+        quotas=quotas,
+        salts=SaltDeriver(settings.salt_secret.get_secret_value().encode()),
+        priority=PriorityMapper(settings.tiers, settings.vllm_priority_offset),
+        adapters=AdapterService(
+            settings=settings, validator=validator or FormatChecksValidator(settings)
+        ),
+        oidc=oidc,
+        redis=redis,
+        http=http,
+    )
+    await keys.start()
+    return runtime
