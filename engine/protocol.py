@@ -163,7 +163,8 @@ def _is_finite_json(value: Any, *, max_depth: int = 64) -> bool:
 def parse_generate_request(body: bytes | str) -> GenerateRequest:
     """Parse a generate body; raises InvalidRequestError (bad JSON, types, unknown fields)."""
     try:
-        request = GenerateRequest.model_validate_json(body)
+        # Strict: a bool is not a count, "16" is not a number; typos and type slips never pass.
+        request = GenerateRequest.model_validate_json(body, strict=True)
     except ValidationError as exc:
         raise _invalid(exc) from None
     if request.kv_transfer_params is not None and not _is_finite_json(request.kv_transfer_params):
@@ -175,7 +176,7 @@ def parse_generate_request(body: bytes | str) -> GenerateRequest:
 
 def parse_abort_request(body: bytes | str) -> list[RequestId]:
     try:
-        parsed = AbortRequestsBody.model_validate_json(body)
+        parsed = AbortRequestsBody.model_validate_json(body, strict=True)
     except ValidationError as exc:
         raise _invalid(exc) from None
     return [RequestId(request_id) for request_id in parsed.request_ids]

@@ -139,6 +139,10 @@ def test_fields_reach_the_engine_request():
     assert (sp.logprobs, sp.prompt_logprobs) == (3, 0)
 
 
+def test_json_integers_are_accepted_as_floats():
+    assert convert(params(temperature=1, top_p=1)).sampling_params.temperature == 1.0
+
+
 def test_unknown_top_level_fields_are_ignored():
     assert convert(body(something_new=1)).prompt_token_ids == (1, 2, 3)
 
@@ -208,6 +212,12 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], str]] = [
     ("huge request_id", body(request_id="x" * 10_000), "request_id"),
     ("request_id a number", body(request_id=5), "request_id"),
     ("stream not a bool", body(stream="maybe"), "stream"),
+    ("stream a number", body(stream=1), "stream"),
+    ("n a bool", params(n=True), "sampling_params.n"),
+    ("max_tokens a string", params(max_tokens="16"), "sampling_params.max_tokens"),
+    ("max_tokens a float", params(max_tokens=16.5), "sampling_params.max_tokens"),
+    ("temperature a bool", params(temperature=True), "sampling_params.temperature"),
+    ("priority a bool", body(priority=True), "priority"),
     ("model a number", body(model=3), "model"),
     ("kv_transfer_params a list", body(kv_transfer_params=[1]), "kv_transfer_params"),
     ("stream_options unknown field", body(stream_options={"x": 1}), "stream_options.x"),
