@@ -10,11 +10,12 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -98,7 +99,7 @@ def engine_limits(engine: AsyncEngine) -> EngineLimits:
 # ---- responses -------------------------------------------------------------------------------
 
 
-def _json(payload: GenerateResponse | Any, status_code: int = 200) -> Response:
+def _json(payload: BaseModel, status_code: int = 200) -> Response:
     return Response(payload.model_dump_json(), status_code, media_type="application/json")
 
 
@@ -113,7 +114,8 @@ def error_response(exc: EngineError) -> Response:
 
 
 async def _engine_error_handler(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, EngineError)
+    if not isinstance(exc, EngineError):  # registered for EngineError only
+        raise exc
     return error_response(exc)
 
 
