@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.async_engine import AsyncEngine
@@ -253,6 +253,31 @@ async def test_max_tokens_past_the_context_is_capped(
     payload = (await client.post(GENERATE, json=body)).json()
     assert len(payload["choices"][0]["token_ids"]) == 3
     assert payload["choices"][0]["finish_reason"] == "length"
+
+
+async def test_usage_counts_prefix_cache_hits(client: httpx.AsyncClient, engine: AsyncEngine):
+    block = engine.config.block_size
+    body = gen_body(max_tokens=1, token_ids=list(range(1, 3 * block + 2)), cache_salt="s")
+    first = (await client.post(GENERATE, json=body)).json()["usage"]
+    second = (await client.post(GENERATE, json=body)).json()["usage"]
+    other_salt = (await client.post(GENERATE, json={**body, "cache_salt": "t"})).json()["usage"]
+    assert first["cached_tokens"] == 0 and other_salt["cached_tokens"] == 0
+    assert second["cached_tokens"] == 3 * block
+    assert second["prompt_tokens"] == 3 * block + 1
+
+
+async def test_logs_never_hold_salts_or_tenant_keys(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level("DEBUG")
+    salt, tenant = "SALT-5f1e2d", "TENANT-9a8b7c"
+    await client.post(GENERATE, json=gen_body(cache_salt=salt, fairness_key=tenant))
+    await client.post(GENERATE, json=gen_body(cache_salt=salt, token_ids=[-1]))
+    await client.post(GENERATE, json=gen_body(cache_salt=salt, stream=True, max_tokens=2))
+    metrics = (await client.get("/metrics")).text
+    assert caplog.records  # something was logged, so the check below means something
+    for secret in (salt, tenant):
+        assert secret not in caplog.text and secret not in metrics
 
 
 async def test_model_names(client: httpx.AsyncClient, engine: AsyncEngine):
@@ -559,8 +584,6 @@ def test_metrics_use_their_own_registry_and_bound_tenant_labels():
     second = EngineMetrics(model_name="m", stats=lambda: stats)  # no duplicate-name clash
     assert first.registry is not second.registry
     assert REGISTRY.get_sample_value("vllm:prompt_tokens_total", {"model_name": "m"}) is None
-    from prometheus_client import generate_latest
-
     text = generate_latest(first.registry).decode()
     assert "salt-" not in text
     series = metric_samples(text)["loragate_engine_served_tokens"]
