@@ -1,0 +1,195 @@
+"""Acceptance 5: a PEFT adapter is accepted and listed; every SECURITY.md upload case is a 400
+naming the problem, leaving nothing on disk or in the database."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from adapter_builders import (
+    make_peft_adapter,
+    safetensors_bytes,
+    scratch_dir,
+    targz_bytes,
+    zip_bytes,
+)
+from admin_harness import Harness, admin_harness
+from sqlalchemy import func, select
+from tenancy_factories import SecretRegistry
+
+from tenancy.models import Adapter, AuditEvent
+from tenancy.settings import TenancySettings
+
+Q = "base_model.model.model.layers.0.self_attn.q_proj"
+
+
+@pytest.fixture(scope="module")
+def peft_files() -> Iterator[dict[str, bytes]]:
+    out = scratch_dir()
+    make_peft_adapter(out / "a")
+    yield {p.name: p.read_bytes() for p in (out / "a").iterdir()}
+    shutil.rmtree(out)
+
+
+@pytest.fixture
+async def h(
+    make_settings: Callable[..., TenancySettings], secret_registry: SecretRegistry
+) -> AsyncIterator[Harness]:
+    async with admin_harness(make_settings()) as harness:
+        secret_registry.add(harness.admin_key)
+        yield harness
+
+
+async def _tenant(h: Harness) -> str:
+    return str((await h.call("POST", "/tenants", json={"name": "owner"})).json()["id"])
+
+
+def _multipart(files: dict[str, bytes]) -> list[tuple[str, tuple[str, bytes]]]:
+    return [("files", (name, data)) for name, data in files.items()]
+
+
+async def upload(h: Harness, tenant_id: str, files: dict[str, bytes], name: str = "my-lora") -> Any:
+    return await h.call(
+        "POST", f"/tenants/{tenant_id}/adapters", data={"name": name}, files=_multipart(files)
+    )
+
+
+def _config(files: dict[str, bytes], **changes: Any) -> dict[str, bytes]:
+    config = json.loads(files["adapter_config.json"])
+    config.update(changes)
+    return {**files, "adapter_config.json": json.dumps(config).encode()}
+
+
+async def test_peft_adapter_is_accepted_and_listed(
+    h: Harness, peft_files: dict[str, bytes]
+) -> None:
+    tid = await _tenant(h)
+    r = await upload(h, tid, peft_files)
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["rank"] == 8 and body["alpha"] == 16.0
+    assert body["target_modules"] == ["q_proj", "v_proj", "down_proj"]
+    weights = peft_files["adapter_model.safetensors"]
+    assert body["sha256"] == hashlib.sha256(weights).hexdigest()
+    listed = (await h.call("GET", f"/tenants/{tid}/adapters")).json()
+    assert [a["name"] for a in listed] == ["my-lora"]
+    stored = Path(h.runtime.settings.adapter_store_dir) / tid / body["id"]
+    assert (stored / "adapter_model.safetensors").read_bytes() == weights
+    # the same adapter as one archive of each kind, and a public one
+    for i, archive in enumerate([("a.zip", zip_bytes), ("a.tar.gz", targz_bytes)]):
+        nested = {f"adapter/{k}": v for k, v in peft_files.items()}
+        r = await upload(h, tid, {archive[0]: archive[1](nested)}, name=f"arch-{i}")
+        assert r.status_code == 201, r.text
+    r = await h.call("POST", "/adapters", data={"name": "shared"}, files=_multipart(peft_files))
+    assert r.status_code == 201
+    assert len((await h.call("GET", f"/tenants/{tid}/adapters")).json()) == 4
+    assert (await upload(h, tid, peft_files)).status_code == 409
+    other = (await h.call("POST", "/tenants", json={"name": "other"})).json()["id"]
+    r = await h.call("GET", f"/tenants/{other}/adapters/{body['id']}")
+    assert r.status_code == 404
+    r = await h.call("DELETE", f"/tenants/{tid}/adapters/{body['id']}")
+    assert r.status_code == 204 and not stored.exists()
+
+
+def _cases(peft: dict[str, bytes]) -> list[tuple[str, dict[str, bytes], str, str]]:
+    """(id, files, name, expected words in the message)."""
+    cfg, st = peft["adapter_config.json"], peft["adapter_model.safetensors"]
+    ok = {"adapter_config.json": cfg, "adapter_model.safetensors": st}
+    zeros = b"\0" * (20 * 1024 * 1024)
+    many = {f"adapter/README{i}.md": b"x" for i in range(20)}
+    a_shape = {f"{Q}.lora_A.weight": ("F32", [8, 64]), f"{Q}.lora_B.weight": ("F32", [64, 8])}
+    return [
+        ("pickle-bin", {**ok, "adapter_model.bin": b"\x80\x04K\x01."}, "my", "not allowed"),
+        (
+            "pickle-pt",
+            {"adapter_config.json": cfg, "adapter.pt": b"\x80\x04."},
+            "my",
+            "not allowed",
+        ),
+        ("not-allow-listed", {**ok, "train.py": b"print(1)"}, "my", "not allowed"),
+        ("missing-weights", {"adapter_config.json": cfg}, "my", "Missing"),
+        ("zip-dotdot", {"a.zip": zip_bytes({"../adapter_config.json": cfg})}, "my", ".."),
+        ("zip-absolute", {"a.zip": zip_bytes({"/adapter_config.json": cfg})}, "my", "absolute"),
+        ("zip-symlink", {"a.zip": zip_bytes(ok, {"README.md": "/etc/passwd"})}, "my", "link"),
+        ("tar-dotdot", {"a.tar.gz": targz_bytes({"x/../../adapter_config.json": cfg})}, "my", ".."),
+        ("tar-symlink", {"a.tar.gz": targz_bytes(ok, {"README.md": "/etc/passwd"})}, "my", "link"),
+        ("zip-bomb", {"a.zip": zip_bytes({**ok, "README.md": zeros})}, "my", "ratio"),
+        ("targz-bomb", {"a.tar.gz": targz_bytes({**ok, "README.md": zeros})}, "my", "ratio"),
+        ("too-many-files", {"a.zip": zip_bytes(many)}, "my", "more than"),
+        ("wrong-base", _config(ok, base_model_name_or_path="meta/llama-70b"), "my", "base_model"),
+        ("not-lora", _config(ok, peft_type="PREFIX_TUNING"), "my", "peft_type"),
+        ("rank-too-high", _config(ok, r=128), "my", "Rank"),
+        ("unknown-targets", _config(ok, target_modules=["q_proj", "lm_head"]), "my", "lm_head"),
+        ("regex-too-wide", _config(ok, target_modules=".*"), "my", "regex"),
+        ("modules-to-save", _config(ok, modules_to_save=["lm_head"]), "my", "modules_to_save"),
+        ("dora", _config(ok, use_dora=True), "my", "DoRA"),
+        (
+            "shape-mismatch",
+            {
+                **ok,
+                "adapter_model.safetensors": safetensors_bytes(
+                    {
+                        f"{Q}.lora_A.weight": ("F32", [8, 128]),
+                        f"{Q}.lora_B.weight": ("F32", [64, 8]),
+                    }
+                ),
+            },
+            "my",
+            "shape",
+        ),
+        (
+            "offsets-past-end",
+            {**ok, "adapter_model.safetensors": safetensors_bytes(a_shape)[:-100]},
+            "my",
+            "past the end",
+        ),
+        (
+            "huge-header",
+            {**ok, "adapter_model.safetensors": (2**40).to_bytes(8, "little") + b"{}"},
+            "my",
+            "header",
+        ),
+        (
+            "unknown-dtype",
+            {
+                **ok,
+                "adapter_model.safetensors": safetensors_bytes(
+                    {f"{Q}.lora_A.weight": ("Q4", [8, 64])}
+                ),
+            },
+            "my",
+            "dtype",
+        ),
+        ("name-slash", ok, "a/b", "name"),
+        ("name-control", ok, "ab\x01c", "name"),
+        ("name-10kb", ok, "a" * 10_000, "name"),
+        ("name-dotdot", ok, "..", "name"),
+    ]
+
+
+CASE_IDS = [c[0] for c in _cases({"adapter_config.json": b"{}", "adapter_model.safetensors": b""})]
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+async def test_bad_uploads_are_refused_and_leave_nothing(
+    h: Harness, peft_files: dict[str, bytes], case: str
+) -> None:
+    tid = await _tenant(h)
+    _, files, name, words = next(c for c in _cases(peft_files) if c[0] == case)
+    r = await upload(h, tid, files, name=name)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert words.lower() in error["message"].lower() or words == error["param"], error
+    store = Path(h.runtime.settings.adapter_store_dir)
+    assert not store.exists() or not [p for p in store.rglob("*") if p.is_file()]
+    async with h.runtime.sessionmaker() as session:
+        assert await session.scalar(select(func.count(Adapter.id))) == 0
+        n = await session.scalar(
+            select(func.count(AuditEvent.id)).where(AuditEvent.action.like("adapter.%"))
+        )
+        assert n == 0
