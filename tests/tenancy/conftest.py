@@ -11,11 +11,9 @@ import logging
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -32,25 +30,9 @@ from tenancy.settings import TenancySettings
 
 # --import-mode=importlib puts no test directory on sys.path; the helper module lives here.
 sys.path.insert(0, str(Path(__file__).parent))
-from tenancy_factories import SecretRegistry
+from tenancy_factories import SecretRegistry, free_port, wait_port
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_port(port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"server on port {port} did not start")
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +42,7 @@ def redis_server_url() -> Iterator[str]:
         return
     if shutil.which("redis-server") is None:
         pytest.skip("no REDIS_URL and no redis-server binary on PATH")
-    port = _free_port()
+    port = free_port()
     workdir = tempfile.mkdtemp(prefix="lg-redis-")
     proc = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
@@ -69,7 +51,7 @@ def redis_server_url() -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        _wait_port(port)
+        wait_port(port)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         proc.terminate()
@@ -119,7 +101,7 @@ def postgres_server_url() -> Iterator[str]:
         return
     if not (PG_BIN / "initdb").exists():
         pytest.skip(f"no DATABASE_URL and no PostgreSQL binaries under {PG_BIN}")
-    port = _free_port()
+    port = free_port()
     root = Path(tempfile.mkdtemp(prefix="lg-pg-"))
     data = root / "data"
     if os.geteuid() == 0:
