@@ -13,19 +13,19 @@ Threads and ownership:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import threading
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from engine.config import EngineConfig
 from engine.errors import EngineError, EngineUnavailableError, InvalidRequestError
-from engine.outputs import CompletionDelta, EngineStats, FinishReason, RequestOutput
+from engine.loop_commands import Abort, Add, Call, Command, Reply, Stop, WaitIdle
+from engine.outputs import EngineStats, FinishReason, RequestOutput
 from engine.request import EngineRequest, RequestId
+from engine.request_stream import RequestStream, final_output
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
@@ -33,146 +33,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-# ---- commands: the only way into the loop thread --------------------------------------------
-
-
-@dataclass
-class _Reply:
-    """Where the loop thread sends one command's result: a future on the caller's loop."""
-
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
-
-    def send(self, result: Any = None, error: BaseException | None = None) -> None:
-        def resolve() -> None:
-            if self.future.done():  # the caller was cancelled meanwhile
-                return
-            if error is not None:
-                self.future.set_exception(error)
-            else:
-                self.future.set_result(result)
-
-        # A closed event loop raises RuntimeError: nobody is waiting for this answer any more.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(resolve)
-
-
-@dataclass
-class _Add:
-    stream: RequestStream
-    reply: _Reply
-
-
-@dataclass
-class _Abort:
-    request_ids: list[RequestId]
-    reply: _Reply | None
-
-
-@dataclass
-class _Call:
-    fn: Callable[[LLMEngine], Any]
-    reply: _Reply
-
-
-@dataclass
-class _WaitIdle:
-    reply: _Reply
-
-
-@dataclass
-class _Stop:
-    reply: _Reply
-
-
-_Command = _Add | _Abort | _Call | _WaitIdle | _Stop
-
-
-# ---- one request's outputs ------------------------------------------------------------------
-
-
-class RequestStream:
-    """The outputs of one request, in order. Closing it before the last one aborts the request.
-
-    Used from the event loop that created it; the loop thread only calls `_push` through
-    `call_soon_threadsafe`.
-    """
-
-    def __init__(self, owner: AsyncEngine, request: EngineRequest) -> None:
-        self.request = request
-        self._owner = owner
-        self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._finished_choices: set[int] = set()
-        self.finished = False
-        self.closed = False
-
-    @property
-    def request_id(self) -> RequestId:
-        return self.request.request_id
-
-    def _push(self, output: RequestOutput) -> None:
-        self._queue.put_nowait(output)
-
-    def push_threadsafe(self, output: RequestOutput) -> bool:
-        """From the loop thread; False when the consumer's event loop is gone."""
-        try:
-            self._loop.call_soon_threadsafe(self._push, output)
-        except RuntimeError:
-            return False
-        return True
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished or self.closed:
-            raise StopAsyncIteration
-        output = await self._queue.get()
-        # A synthetic final output (abort on shutdown, error on a dead loop) lists every choice;
-        # drop the empty ones that had already finished.
-        output.choices = [
-            choice
-            for choice in output.choices
-            if choice.token_ids or choice.index not in self._finished_choices
-        ]
-        self._finished_choices.update(
-            choice.index for choice in output.choices if choice.finish_reason is not None
-        )
-        if output.finished:
-            self.finished = True
-        return output
-
-    def close(self) -> None:
-        """Stop listening; an unfinished request is aborted (its KV blocks are freed).
-
-        Synchronous so that it is safe in `finally` blocks of cancelled tasks.
-        """
-        if self.closed:
-            return
-        self.closed = True
-        if not self.finished:
-            self._owner._abandon(self)
-
-
-def _final_output(
-    request: EngineRequest, reason: FinishReason, error: str | None = None
-) -> RequestOutput:
-    """An output that ends a request which the engine can no longer finish itself."""
-    return RequestOutput(
-        request_id=request.request_id,
-        choices=[
-            CompletionDelta(index=index, token_ids=[], finish_reason=reason)
-            for index in range(request.sampling_params.n)
-        ],
-        finished=True,
-        num_prompt_tokens=len(request.prompt_token_ids),
-        num_cached_tokens=0,
-        error=error,
-        priority=request.priority,
-    )
 
 
 # ---- the engine -----------------------------------------------------------------------------
@@ -190,7 +50,7 @@ class AsyncEngine:
         self.vocab_size: int = engine.vocab_size
         self.max_model_len: int = engine.max_model_len
         self.model_name: str = engine.model_name
-        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._streams: dict[RequestId, RequestStream] = {}
         # State flags, written under _lock.
@@ -200,7 +60,7 @@ class AsyncEngine:
         self._shutting_down = False
         # Loop-thread only: requests inside the LLMEngine, and callers waiting for it to empty.
         self._admitted: set[RequestId] = set()
-        self._idle_waiters: list[_Reply] = []
+        self._idle_waiters: list[Reply] = []
         self._stats = engine.stats()  # replaced (never mutated) by the loop thread
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
@@ -243,7 +103,7 @@ class AsyncEngine:
             return EngineUnavailableError("the engine is shutting down")
         return None
 
-    def _submit(self, command: _Command) -> bool:
+    def _submit(self, command: Command) -> bool:
         """Enqueue for the loop thread; False once it has stopped or died (never answered)."""
         with self._lock:
             if self._dead or self._stopped:
@@ -251,15 +111,15 @@ class AsyncEngine:
             self._commands.put(command)
             return True
 
-    def _reply(self) -> _Reply:
+    def _reply(self) -> Reply:
         loop = asyncio.get_running_loop()
-        return _Reply(loop, loop.create_future())
+        return Reply(loop, loop.create_future())
 
     # ---- public API (event loop side) ---------------------------------------------------
 
     async def add_request(self, request: EngineRequest) -> RequestStream:
         """Admit a request; raises its EngineError (400/404/503) before anything streams."""
-        stream = RequestStream(self, request)
+        stream = RequestStream(request, self._abandon)
         reply = self._reply()
         with self._lock:
             error = self._unavailable()
@@ -274,7 +134,7 @@ class AsyncEngine:
                     f"the engine is overloaded ({self.config.max_queue_len} requests in flight)"
                 )
             self._streams[request.request_id] = stream
-            self._commands.put(_Add(stream, reply))
+            self._commands.put(Add(stream, reply))
         try:
             await reply.future
         except BaseException:
@@ -306,13 +166,13 @@ class AsyncEngine:
     async def abort(self, request_ids: Iterable[str]) -> None:
         """Abort requests that are waiting or running (unknown ids are ignored)."""
         reply = self._reply()
-        if self._submit(_Abort([RequestId(request_id) for request_id in request_ids], reply)):
+        if self._submit(Abort([RequestId(request_id) for request_id in request_ids], reply)):
             await reply.future
 
     async def run_in_loop(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run `fn(engine)` on the loop thread between steps (the engine is not thread-safe)."""
         reply = self._reply()
-        if not self._submit(_Call(fn, reply)):
+        if not self._submit(Call(fn, reply)):
             raise EngineUnavailableError("the engine loop is not running")
         result: T = await reply.future
         return result
@@ -320,7 +180,7 @@ class AsyncEngine:
     async def wait_until_idle(self) -> None:
         """Return once the engine holds no unfinished request."""
         reply = self._reply()
-        if self._submit(_WaitIdle(reply)):
+        if self._submit(WaitIdle(reply)):
             await reply.future
 
     def start_draining(self) -> None:
@@ -337,7 +197,7 @@ class AsyncEngine:
             self._shutting_down = True
         if first:
             idle = self._reply()
-            if self._submit(_WaitIdle(idle)):
+            if self._submit(WaitIdle(idle)):
                 try:
                     await asyncio.wait_for(asyncio.shield(idle.future), drain_timeout_s)
                 except TimeoutError:
@@ -345,7 +205,7 @@ class AsyncEngine:
                         "drain timed out after %.1fs; aborting the rest", drain_timeout_s
                     )
             stop = self._reply()
-            if self._submit(_Stop(stop)):
+            if self._submit(Stop(stop)):
                 await stop.future
         await asyncio.to_thread(self._thread.join)
 
@@ -361,7 +221,7 @@ class AsyncEngine:
     def _queue_abort(self, request_id: RequestId) -> None:
         with self._lock:
             if not (self._dead or self._stopped):
-                self._commands.put(_Abort([request_id], None))
+                self._commands.put(Abort([request_id], None))
 
     def _abandon(self, stream: RequestStream) -> None:
         if self._forget(stream):
@@ -374,7 +234,7 @@ class AsyncEngine:
         try:
             while True:
                 for command in self._next_commands(block=not engine.has_unfinished_requests()):
-                    if isinstance(command, _Stop):
+                    if isinstance(command, Stop):
                         self._stop(command)
                         return
                     self._handle(command)
@@ -389,8 +249,8 @@ class AsyncEngine:
         except BaseException as exc:  # the loop must never die silently: fail every request
             self._die(exc)
 
-    def _next_commands(self, *, block: bool) -> list[_Command]:
-        commands: list[_Command] = []
+    def _next_commands(self, *, block: bool) -> list[Command]:
+        commands: list[Command] = []
         if block:
             try:
                 commands.append(self._commands.get(timeout=self.config.idle_wait_s))
@@ -402,25 +262,25 @@ class AsyncEngine:
             except queue.Empty:
                 return commands
 
-    def _handle(self, command: _Command) -> None:
+    def _handle(self, command: Command) -> None:
         engine = self._engine
-        if isinstance(command, _Add):
+        if isinstance(command, Add):
             self._admit(command)
-        elif isinstance(command, _Abort):
+        elif isinstance(command, Abort):
             self._publish(engine.abort_requests(command.request_ids))
             if command.reply is not None:
                 command.reply.send()
-        elif isinstance(command, _Call):
+        elif isinstance(command, Call):
             try:
                 result = command.fn(engine)
             except Exception as exc:  # handed to the caller, who asked for this call
                 command.reply.send(error=exc)
             else:
                 command.reply.send(result)
-        elif isinstance(command, _WaitIdle):
+        elif isinstance(command, WaitIdle):
             self._idle_waiters.append(command.reply)
 
-    def _admit(self, command: _Add) -> None:
+    def _admit(self, command: Add) -> None:
         request = command.stream.request
         with self._lock:
             error = self._unavailable()
@@ -471,12 +331,12 @@ class AsyncEngine:
             streams = list(self._streams.values())
             self._streams.clear()
         for stream in streams:
-            stream.push_threadsafe(_final_output(stream.request, reason, error))
+            stream.push_threadsafe(final_output(stream.request, reason, error))
 
     def _fail_pending(self, error: EngineUnavailableError) -> None:
         """Answer every command still queued (the state flags already refuse new ones)."""
         for command in self._next_commands(block=False):
-            if isinstance(command, _Add | _Call):
+            if isinstance(command, Add | Call):
                 command.reply.send(error=error)
             elif command.reply is not None:
                 command.reply.send()
@@ -484,7 +344,7 @@ class AsyncEngine:
             waiter.send()
         self._idle_waiters.clear()
 
-    def _stop(self, command: _Stop) -> None:
+    def _stop(self, command: Stop) -> None:
         with self._lock:
             self._stopped = True
         self._publish(self._engine.abort_requests(sorted(self._admitted)))
