@@ -13,8 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Literal
 
 import torch
+
+# segmented: runs of tokens sharing a slot (prefill); gathered: one slot per token (decode).
+LoRAForm = Literal["segmented", "gathered"]
 
 
 # eq=False: the fields are tensors, whose == is elementwise; identity equality is what a cache wants.
@@ -50,6 +54,29 @@ class LoRAKernelMeta:
     def has_lora(self) -> bool:
         """False when no token uses an adapter: callers skip LoRA work entirely."""
         return len(self.active_slots) > 0
+
+    def check_for(
+        self, *, num_tokens: int, num_slots: int, max_rank: int, device: torch.device
+    ) -> None:
+        """Raise ValueError naming the mismatch when this metadata does not fit a kernel's inputs."""
+        if self.num_tokens != num_tokens:
+            raise ValueError(
+                f"meta.token_slots has {self.num_tokens} tokens, the input has {num_tokens}"
+            )
+        if self.num_slots != num_slots:
+            raise ValueError(
+                f"meta.slot_ranks has {self.num_slots} slots, the stack has {num_slots}"
+            )
+        if self.max_rank != max_rank:
+            raise ValueError(
+                f"meta.max_rank is {self.max_rank}, the stack's rank dimension is {max_rank}"
+            )
+        for name in ("token_slots", "seg_starts", "seg_slots", "slot_ranks"):
+            tensor: torch.Tensor = getattr(self, name)
+            if tensor.device != device:
+                raise ValueError(f"meta.{name} is on {tensor.device}, the inputs are on {device}")
+            if tensor.dtype != torch.int32 or not tensor.is_contiguous():
+                raise ValueError(f"meta.{name} must be a contiguous int32 tensor")
 
     @staticmethod
     def build(

@@ -7,14 +7,13 @@ decode (one token per sequence, slots in any order); both give the same result.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-from kernels.lora_meta import LoRAKernelMeta
+from kernels.lora_meta import LoRAForm, LoRAKernelMeta
 from kernels.reference import lora_expand_ref, lora_shrink_ref
 
-LoRAForm = Literal["segmented", "gathered"]
+__all__ = ["LoRAForm", "LoRAKernelMeta", "lora_expand", "lora_shrink"]
+
 _FORMS: tuple[str, ...] = ("segmented", "gathered")
 
 
