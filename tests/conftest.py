@@ -39,3 +39,10 @@ def model_factory(tmp_path_factory: pytest.TempPathFactory) -> ModelFactory:
 @pytest.fixture(scope="session")
 def tiny_model_dir(model_factory: ModelFactory) -> Path:
     return model_factory()
+
+
+# ---- shared service fixtures (Redis, PostgreSQL): tests/services.py ------------------------------
+import sys as _sys  # noqa: E402
+
+_sys.path.insert(0, str(Path(__file__).parent))
+from services import postgres_server_url, redis_prefix, redis_server_url  # noqa: E402, F401

@@ -48,6 +48,24 @@ async def record_usage(session: AsyncSession, *, record: UsageIn) -> bool:
     return True
 
 
+async def record_usage_batch(session: AsyncSession, *, records: list[UsageIn]) -> int:
+    """Write many records in one transaction; on a duplicate request id, fall back to one by
+    one (so a retried settlement never drops the others). Returns how many were new."""
+    session.add_all(
+        UsageRecord(id=new_id(), day=r.finished_at.astimezone(dt.UTC).date(), **asdict(r))
+        for r in records
+    )
+    try:
+        await session.commit()
+    except IntegrityError:
+        await session.rollback()
+        written = 0
+        for record in records:
+            written += await record_usage(session, record=record)
+        return written
+    return len(records)
+
+
 async def usage_report(
     session: AsyncSession,
     *,

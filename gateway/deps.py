@@ -1,0 +1,61 @@
+"""Annotated dependencies of the inference routes. Authentication is a dependency on each route
+(never a path test in a middleware), so no Host or path trick can route around it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from gateway.errors import BodyTooLarge
+from gateway.policy import TenantContext
+from gateway.state import GatewayState
+
+
+def get_state(request: Request) -> GatewayState:
+    state: GatewayState = request.app.state.gateway
+    return state
+
+
+StateDep = Annotated[GatewayState, Depends(get_state)]
+
+
+async def get_tenant(
+    request: Request, state: StateDep, authorization: Annotated[str | None, Header()] = None
+) -> TenantContext:
+    request.state.lg_inference = True  # rejections from here on are counted in the metrics
+    ctx = await state.policy.authenticate(authorization)
+    request.state.lg_tenant = ctx.tenant_id
+    return ctx
+
+
+TenantDep = Annotated[TenantContext, Depends(get_tenant)]
+
+
+async def read_body(request: Request, state: StateDep) -> bytes:
+    """The raw body, refused with 413 as soon as it is known to pass the limit."""
+    limit = state.settings.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+BodyDep = Annotated[bytes, Depends(read_body)]
+
+
+def request_id(request: Request) -> str:
+    rid: str = request.state.request_id
+    return rid
+
+
+def request_started(request: Request) -> float:
+    started: float = request.state.started
+    return started

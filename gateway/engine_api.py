@@ -1,0 +1,49 @@
+"""What the gateway needs from an engine, whichever kind serves it (in-process or HTTP).
+
+Both clients speak the tokens-only wire schema (engine.protocol): a `GenerateRequest` goes in,
+and a stream of `GenerateResponse` events comes out, each carrying the new token ids of its
+choices, the last one carrying `usage`. Errors before the first event are gateway errors with
+their HTTP status (400, 404, 503, 500/502); a failure after it is an `EngineStreamError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from engine.protocol import GenerateRequest, GenerateResponse
+from gateway.policy import AdapterRef
+
+
+class EngineStreamError(Exception):
+    """The engine failed after the stream started (a replica died, an engine error event)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class EngineStream(Protocol):
+    def __aiter__(self) -> AsyncIterator[GenerateResponse]: ...
+
+    async def aclose(self) -> None:
+        """Stop listening; an unfinished request is aborted on its engine. Idempotent."""
+        ...
+
+
+class EngineClient(Protocol):
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+
+    async def start(self) -> None: ...
+
+    async def open(self, request: GenerateRequest, adapter: AdapterRef | None) -> EngineStream:
+        """Submit the request (loading `adapter` where it runs, if needed)."""
+        ...
+
+    async def check_ready(self) -> dict[str, bool]:
+        """Readiness per engine (or replica)."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,159 @@
+"""The in-process engine client (the embedded default): the AsyncEngine in this process.
+
+The only gateway module that imports the engine beyond its wire schema. Outputs are rendered
+into the same wire events the HTTP client parses, so everything above this module runs one code
+path for both kinds of engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from prometheus_client import CollectorRegistry
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.errors import (
+    AdapterNotFoundError,
+    EngineError,
+    EngineUnavailableError,
+    InvalidRequestError,
+)
+from engine.metrics import EngineStatsCollector
+from engine.outputs import EngineStats
+from engine.protocol import (
+    EngineLimits,
+    GenerateRequest,
+    GenerateResponse,
+    GenerateSamplingParams,
+    ResponseBuilder,
+    is_error_output,
+    parse_generate_request,
+    to_engine_request,
+    to_sampling_params,
+)
+from engine.request_stream import RequestStream
+from gateway.engine_api import EngineStreamError
+from gateway.errors import BadRequest, EngineFailed, EngineOverloaded, ModelNotFound
+from gateway.policy import AdapterRef
+from gateway.settings import GatewaySettings
+from tenancy.errors import TenancyError
+
+INPROCESS = "inprocess"
+
+
+def engine_config(settings: GatewaySettings) -> EngineConfig:
+    return EngineConfig(
+        model=str(settings.model),
+        served_model_name=settings.model_name,
+        dtype=settings.engine_dtype,
+        device=settings.engine_device,
+        num_kv_blocks=settings.engine_num_kv_blocks,
+        kv_cache_memory_bytes=int(settings.engine_kv_cache_memory_gb * (1 << 30)),
+        max_num_seqs=settings.engine_max_num_seqs,
+        max_num_batched_tokens=settings.engine_max_num_batched_tokens,
+        max_model_len=settings.engine_max_model_len,
+        max_queue_len=settings.engine_max_queue_len,
+    )
+
+
+def gateway_error(exc: EngineError) -> TenancyError:
+    """An engine error raised before anything streamed, as the gateway answers it."""
+    if isinstance(exc, InvalidRequestError):
+        return BadRequest(exc.message, param=exc.param)
+    if isinstance(exc, AdapterNotFoundError):
+        return ModelNotFound()
+    if isinstance(exc, EngineUnavailableError):
+        return EngineOverloaded(exc.message)
+    return EngineFailed()
+
+
+class LocalStream:
+    """One request's outputs as wire events; closing it early aborts the request."""
+
+    def __init__(self, wire: GenerateRequest, stream: RequestStream) -> None:
+        self._builder = ResponseBuilder(wire)
+        self._stream = stream
+
+    def __aiter__(self) -> AsyncIterator[GenerateResponse]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[GenerateResponse]:
+        builder = self._builder
+        async for output in self._stream:
+            chunk = builder.chunk(output)
+            if is_error_output(output):
+                if chunk is not None and any(choice.token_ids for choice in chunk.choices):
+                    yield chunk  # the tokens produced before the failure
+                raise EngineStreamError(output.error or "the engine failed while generating")
+            if chunk is not None:
+                yield chunk
+        if self._stream.finished:
+            yield builder.usage_chunk()
+
+    async def aclose(self) -> None:
+        self._stream.close()
+
+
+class InProcessEngineClient:
+    def __init__(self, engine: AsyncEngine, *, drain_timeout_s: float = 30.0) -> None:
+        self.engine = engine
+        self.model_name = engine.model_name
+        self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.vocab_size
+        self._drain_timeout_s = drain_timeout_s
+        self._limits = EngineLimits(
+            vocab_size=engine.vocab_size,
+            max_model_len=engine.max_model_len,
+            base_model_name=engine.model_name,
+            policy=engine.config.policy,
+        )
+
+    @classmethod
+    async def from_settings(cls, settings: GatewaySettings) -> InProcessEngineClient:
+        # Loading weights takes seconds: off the event loop.
+        engine = await asyncio.to_thread(AsyncEngine.from_config, engine_config(settings))
+        return cls(engine, drain_timeout_s=settings.engine_drain_timeout_s)
+
+    async def start(self) -> None:
+        return None
+
+    async def open(self, request: GenerateRequest, adapter: AdapterRef | None) -> LocalStream:
+        try:
+            stream = await self.engine.add_request(to_engine_request(request, self._limits))
+        except EngineError as exc:
+            raise gateway_error(exc) from None
+        return LocalStream(request, stream)
+
+    async def check_ready(self) -> dict[str, bool]:
+        return {INPROCESS: self.engine.is_healthy}
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        """The engine's own gauges and counters (vLLM names) on the gateway's /metrics."""
+        registry.register(EngineStatsCollector(self.engine.stats, self.model_name))
+
+    async def close(self) -> None:
+        await self.engine.shutdown(self._drain_timeout_s)
+
+
+# ---- wire validation with gateway errors (the engine's own rules, before it is touched) ------
+
+
+def parse_wire_request(body: bytes) -> GenerateRequest:
+    """A tokens-only request body; a 400 names the field."""
+    try:
+        return parse_generate_request(body)
+    except InvalidRequestError as exc:
+        raise BadRequest(exc.message, param=exc.param) from None
+
+
+def check_sampling(params: GenerateSamplingParams, *, vocab_size: int) -> None:
+    """The engine's range checks (n, logprobs, penalties, ...); a 400 names the field."""
+    try:
+        to_sampling_params(params, vocab_size=vocab_size)
+    except InvalidRequestError as exc:
+        raise BadRequest(exc.message, param=exc.param) from None

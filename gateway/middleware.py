@@ -1,0 +1,50 @@
+"""Request context on every response: `x-request-id` (the client's, if it is a sane token) and
+`x-loragate-overhead-ms` (routes that call an engine set it themselves, engine time excluded;
+everything else was spent in the gateway). A pure ASGI middleware: no body buffering."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+_SANE_ID = re.compile(rb"[A-Za-z0-9._:@/+=-]{1,128}")
+_REQUEST_ID = b"x-request-id"
+_OVERHEAD = b"x-loragate-overhead-ms"
+
+
+class RequestContextMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = b""
+        for name, value in scope["headers"]:
+            if name == _REQUEST_ID:
+                request_id = value
+                break
+        if not _SANE_ID.fullmatch(request_id):
+            request_id = f"req_{uuid.uuid4().hex}".encode()
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id.decode()
+        state["started"] = started
+
+        async def send_with_context(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    (k, v) for k, v in message.get("headers", []) if k.lower() != _REQUEST_ID
+                ]
+                headers.append((_REQUEST_ID, request_id))
+                if not any(k.lower() == _OVERHEAD for k, _ in headers):
+                    elapsed = (time.perf_counter() - started) * 1000
+                    headers.append((_OVERHEAD, f"{elapsed:.3f}".encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_context)

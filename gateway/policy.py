@@ -1,0 +1,161 @@
+"""Tenant policy for inference requests: API key -> tenant context, quota subjects, adapter
+visibility, model resolution and priority clamping.
+
+Quota policies and adapter lists are cached per tenant for `policy_cache_ttl_s` (seconds), so the
+hot path reaches the database only when a cache entry expires; key verification has its own
+short-TTL cache with revocation over pub/sub (tenancy.key_auth).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from sqlalchemy import or_, select
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from gateway.errors import ModelNotFound
+from tenancy.admin_auth import bearer_token
+from tenancy.crud.quotas import subjects_for
+from tenancy.errors import InsufficientScope, ServiceUnavailable
+from tenancy.ids import ApiKeyId, TenantId
+from tenancy.models import Adapter
+from tenancy.quotas import QuotaSubject
+from tenancy.runtime import TenancyRuntime
+from tenancy.scopes import Scope
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class TtlCache(Generic[K, V]):
+    """key -> value for ttl_s seconds; concurrent misses of one key share one load."""
+
+    def __init__(self, ttl_s: float, *, max_entries: int = 100_000) -> None:
+        self._ttl_s = ttl_s
+        self._max_entries = max_entries
+        self._entries: dict[K, tuple[float, V]] = {}
+
+    async def get(self, key: K, load: Callable[[], Awaitable[V]]) -> V:
+        now = time.monotonic()
+        entry = self._entries.get(key)
+        if entry is not None and now - entry[0] < self._ttl_s:
+            return entry[1]
+        value = await load()
+        if len(self._entries) >= self._max_entries:
+            self._entries.clear()  # bounded memory; the next requests reload
+        self._entries[key] = (now, value)
+        return value
+
+    def invalidate(self, key: K) -> None:
+        self._entries.pop(key, None)
+
+
+@dataclass(frozen=True)
+class TenantContext:
+    """Who is calling, as every inference route sees it. The salt never reaches a log."""
+
+    tenant_id: TenantId
+    key_id: ApiKeyId
+    tier: str
+    salt: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    adapter_id: str
+    name: str  # the name its owner uses as `model`
+    owner_tenant_id: str | None  # None: public
+    path: str
+    created_at: float
+
+    @property
+    def engine_name(self) -> str:
+        # Names are unique per owner only; engines see the globally unique id.
+        return self.adapter_id
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str  # as the client asked, echoed in responses
+    adapter: AdapterRef | None
+
+    @property
+    def engine_model(self) -> str | None:
+        return self.adapter.engine_name if self.adapter is not None else None
+
+
+class PolicyService:
+    def __init__(self, runtime: TenancyRuntime, *, base_model: str, cache_ttl_s: float) -> None:
+        self._runtime = runtime
+        self.base_model = base_model
+        self.started_at = int(time.time())  # the base model's `created`
+        self._subjects: TtlCache[tuple[str, str], list[QuotaSubject]] = TtlCache(cache_ttl_s)
+        self._adapters: TtlCache[str, dict[str, AdapterRef]] = TtlCache(cache_ttl_s)
+
+    async def authenticate(self, authorization: str | None) -> TenantContext:
+        """401 for any bad key (one shape), 403 for a key without the inference scope."""
+        record = await self._runtime.keys.verify(bearer_token(authorization))
+        if Scope.INFERENCE not in record.scopes:
+            raise InsufficientScope("This key lacks the inference scope.")
+        tier = record.tenant_tier
+        if tier not in self._runtime.settings.tiers:
+            tier = self._runtime.settings.default_tier
+        return TenantContext(
+            tenant_id=record.tenant_id,
+            key_id=record.key_id,
+            tier=tier,
+            salt=self._runtime.salts.salt(record.tenant_id, record.salt_epoch),
+        )
+
+    def priority(self, ctx: TenantContext, hint: int | None) -> int:
+        """The tier's default, or the hint clamped into the tier's band (never more urgent)."""
+        return self._runtime.priority.engine_priority(ctx.tier, hint)
+
+    async def subjects(self, ctx: TenantContext) -> list[QuotaSubject]:
+        async def load() -> list[QuotaSubject]:
+            try:
+                async with self._runtime.sessionmaker() as session:
+                    return await subjects_for(session, tenant_id=ctx.tenant_id, key_id=ctx.key_id)
+            except (OperationalError, DBAPIError, OSError) as exc:
+                raise ServiceUnavailable("The database") from exc
+
+        return await self._subjects.get((ctx.tenant_id, ctx.key_id), load)
+
+    async def adapters(self, ctx: TenantContext) -> dict[str, AdapterRef]:
+        """name -> adapter this tenant may use: its own, then public ones of other names."""
+
+        async def load() -> dict[str, AdapterRef]:
+            query = select(Adapter).where(
+                or_(Adapter.owner_tenant_id == ctx.tenant_id, Adapter.owner_tenant_id.is_(None)),
+                Adapter.status == "ready",
+            )
+            try:
+                async with self._runtime.sessionmaker() as session:
+                    rows = list((await session.scalars(query)).all())
+            except (OperationalError, DBAPIError, OSError) as exc:
+                raise ServiceUnavailable("The database") from exc
+            visible: dict[str, AdapterRef] = {}
+            # Public first, so a tenant's own adapter of the same name wins.
+            for row in sorted(rows, key=lambda r: r.owner_tenant_id is not None):
+                visible[row.name] = AdapterRef(
+                    adapter_id=row.id,
+                    name=row.name,
+                    owner_tenant_id=row.owner_tenant_id,
+                    path=row.storage_path,
+                    created_at=row.created_at.timestamp(),
+                )
+            return visible
+
+        return await self._adapters.get(ctx.tenant_id, load)
+
+    async def resolve(self, ctx: TenantContext, model: str) -> ResolvedModel:
+        """The base model, or an adapter visible to this tenant; anything else is a 404."""
+        if model == self.base_model:
+            return ResolvedModel(name=model, adapter=None)
+        adapter = (await self.adapters(ctx)).get(model)
+        if adapter is None:
+            raise ModelNotFound()
+        return ResolvedModel(name=model, adapter=adapter)

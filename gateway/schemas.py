@@ -1,0 +1,189 @@
+"""OpenAI request bodies (spec/openai-surface.md): parsing and field-level validation.
+
+Unknown fields that do not change what is generated are ignored, as OpenAI's newer fields often
+are by vLLM; fields that would change it and that this server cannot honour (tools, structured
+output, audio, suffix, ...) are a 400 naming the field. Client-sent routing fields (`cache_salt`,
+`kv_transfer_params`, `fairness_key`) are never read: the tenant's policy sets them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+
+from gateway.errors import BadRequest, UnsupportedField
+
+MAX_STRING_CHARS = 1 << 20  # one message, prompt or stop string (the body limit bounds the sum)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by chat and completions (OpenAI's, then vLLM's extras)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    model: str = Field(min_length=1, max_length=256)
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(default=None, max_length=256)
+    # vLLM extras
+    top_k: int | None = None
+    min_p: float | None = None
+    min_tokens: int = 0
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[StrictInt] | None = None
+    include_stop_str_in_output: bool = False
+    priority: int | None = None
+    # Read only to refuse them (see _UNSUPPORTED).
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream and self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def check_supported(self) -> None:
+        for name in _UNSUPPORTED:
+            if getattr(self, name) not in (None, [], {}):
+                raise UnsupportedField(name)
+        if self.tool_choice not in (None, "none", "auto"):
+            raise UnsupportedField("tool_choice")
+        if self.response_format is not None and self.response_format != {"type": "text"}:
+            raise UnsupportedField("response_format")
+        if self.modalities is not None and self.modalities != ["text"]:
+            raise UnsupportedField("modalities")
+
+
+_UNSUPPORTED = (
+    "tools", "functions", "function_call", "audio", "prediction", "web_search_options",
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+)  # fmt: skip
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = Field(default=None, max_length=256)
+    tool_calls: Any = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else (self.max_tokens)
+        )
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """Messages as the chat template reads them: role and text content."""
+        out: list[dict[str, Any]] = []
+        for i, message in enumerate(self.messages):
+            if message.role == "tool" or message.tool_calls:
+                raise UnsupportedField(f"messages[{i}].tool_calls")
+            role = "system" if message.role == "developer" else message.role
+            out.append({"role": role, "content": _text_content(message.content, i)})
+        return out
+
+
+def _text_content(content: str | list[dict[str, Any]] | None, i: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise UnsupportedField(f"messages[{i}].content[{j}].type")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.suffix is not None:
+            raise UnsupportedField("suffix")
+        if self.best_of is not None and self.best_of != self.n:
+            raise UnsupportedField("best_of")
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_body(model: type[M], body: bytes) -> M:
+    """Validate a JSON body; the 400 names the first bad field and never quotes its value."""
+    try:
+        parsed = model.model_validate_json(body, strict=True)
+    except ValidationError as exc:
+        raise _bad_request(exc) from None
+    return parsed
+
+
+def _bad_request(exc: ValidationError) -> BadRequest:
+    error = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+    kind = error["type"]
+    loc = [str(part) for part in error["loc"]]
+    # Unions report each member's location; the field is what matters.
+    param = ".".join(p for p in loc if not p.startswith(("list[", "str", "dict[", "int")))
+    if kind == "json_invalid":
+        return BadRequest("The body is not valid JSON (UTF-8).", code="invalid_json")
+    if kind == "model_type" and not param:
+        return BadRequest("The body must be a JSON object.", code="invalid_json")
+    if kind == "missing":
+        return BadRequest(f"{param} is required.", param=param, code="missing_required_parameter")
+    if kind == "finite_number":
+        return BadRequest(f"{param} must be a finite number.", param=param)
+    return BadRequest(f"Invalid value for {param}: {error['msg']}.", param=param or None)

@@ -1,0 +1,117 @@
+"""Gateway settings: the one pydantic-settings class, created by the app factory and passed down.
+
+It extends the tenancy settings (same `LORAGATE_` environment prefix), so the whole process is
+configured by one object. Validation refuses unsafe or inconsistent values with the field's name:
+the tenancy validators already refuse empty, short or placeholder secrets (pepper, salt secret).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from tenancy.settings import BaseModelSpec, TenancySettings
+
+EngineMode = Literal["inprocess", "http"]
+EngineKind = Literal["loragate", "vllm"]
+
+
+class GatewaySettings(TenancySettings):
+    # ---- the served model --------------------------------------------------------------------
+    # A local Hugging Face checkpoint directory: the tokenizer and chat template always come from
+    # here; the in-process engine also loads its weights from here.
+    model: Path
+    # The name clients use for the base model; None: the directory's name.
+    served_model_name: str | None = None
+
+    # ---- engines -----------------------------------------------------------------------------
+    engine_mode: EngineMode = "inprocess"
+    engine_urls: list[str] = Field(default_factory=list)
+    engine_kind: EngineKind = "loragate"
+    engine_admin_token: SecretStr | None = None
+    engine_connect_timeout_s: float = Field(default=5.0, gt=0)
+    # How often replica health and adapter residency (/v1/models tiers) are refreshed.
+    engine_poll_interval_s: float = Field(default=2.0, gt=0)
+    engine_max_connections: int = Field(default=256, ge=1)
+    # In-process engine options (EngineConfig).
+    engine_device: str = "cpu"
+    engine_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    engine_kv_cache_memory_gb: float = Field(default=1.0, gt=0)
+    engine_num_kv_blocks: int | None = Field(default=None, ge=1)
+    engine_max_num_seqs: int = Field(default=64, ge=1)
+    engine_max_num_batched_tokens: int = Field(default=2048, ge=1)
+    engine_max_model_len: int | None = Field(default=None, ge=2)
+    engine_max_queue_len: int = Field(default=4096, ge=1)
+    engine_drain_timeout_s: float = Field(default=30.0, ge=0)
+
+    # ---- requests ----------------------------------------------------------------------------
+    max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
+    # max_tokens when a request sets none; None: whatever room the context leaves.
+    default_max_tokens: int | None = Field(default=None, ge=1)
+    max_stop_strings: int = Field(default=16, ge=1)
+    max_stop_string_chars: int = Field(default=256, ge=1)
+    max_prompts_per_request: int = Field(default=64, ge=1)
+    # Quota policies and adapter visibility are cached this long (admin changes apply within it).
+    policy_cache_ttl_s: float = Field(default=2.0, gt=0, le=60)
+    # A comment line is sent on a stream that has been silent this long (queueing).
+    sse_keepalive_s: float = Field(default=15.0, gt=0)
+
+    # ---- usage ledger, metrics, start-up -----------------------------------------------------
+    usage_flush_interval_s: float = Field(default=0.5, gt=0)
+    usage_batch_size: int = Field(default=256, ge=1)
+    usage_max_pending: int = Field(default=100_000, ge=1)
+    max_metric_tenants: int = Field(default=500, ge=1)
+    max_metric_models: int = Field(default=100, ge=1)
+    metrics_token: SecretStr | None = None
+    # Upgrade the database schema to head at start-up (the embedded default and the demo).
+    auto_migrate: bool = False
+    # The demo writes its generated secrets here; anywhere else they come from the environment.
+    demo: bool = False
+
+    @field_validator("engine_urls")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError("engine_urls must be http:// or https:// URLs")
+        return [url.rstrip("/") for url in urls]
+
+    @model_validator(mode="after")
+    def _gateway_checks(self) -> GatewaySettings:
+        if self.engine_mode == "http" and not self.engine_urls:
+            raise ValueError("engine_mode 'http' needs engine_urls")
+        if self.engine_mode == "inprocess" and self.engine_kind != "loragate":
+            raise ValueError("engine_kind 'vllm' needs engine_mode 'http'")
+        if (
+            not (self.model / "tokenizer_config.json").is_file()
+            and not (self.model / "tokenizer.json").is_file()
+        ):
+            raise ValueError("model must be a checkpoint directory with a tokenizer")
+        if "base_model" not in self.model_fields_set:
+            # Uploaded adapters are checked against the model actually served.
+            self.base_model = base_model_spec(self.model, self.model_name)
+        return self
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model.resolve().name
+
+
+def base_model_spec(model_dir: Path, name: str) -> BaseModelSpec:
+    """The adapter-shape facts of a Llama-family checkpoint, read from its config.json."""
+    path = model_dir / "config.json"
+    if not path.is_file():
+        return BaseModelSpec(name=name)
+    config = json.loads(path.read_text(encoding="utf-8"))
+    return BaseModelSpec(
+        name=name,
+        hidden_size=config["hidden_size"],
+        intermediate_size=config["intermediate_size"],
+        num_hidden_layers=config["num_hidden_layers"],
+        num_attention_heads=config["num_attention_heads"],
+        num_key_value_heads=config.get("num_key_value_heads", config["num_attention_heads"]),
+        head_dim=config.get("head_dim"),
+    )
