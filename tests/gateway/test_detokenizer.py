@@ -57,7 +57,9 @@ def test_special_tokens_are_skipped(tokenizer: Tokenizer) -> None:
     assert "".join(_pieces(ByteDetokenizer(tokenizer.token_bytes or []), ids)) == "hi"
 
 
-def _run_stops(pieces: list[str], stops: list[str], include: bool = False) -> tuple[str, str | None]:
+def _run_stops(
+    pieces: list[str], stops: list[str], include: bool = False
+) -> tuple[str, str | None]:
     f = StopStringFilter(stops, include_stop=include)
     out = []
     for piece in pieces:
