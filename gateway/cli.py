@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Sequence
 
 from engine import cli as engine_cli
+from gateway import demo as gateway_demo
+from gateway import serve as gateway_serve
 from tenancy import cli as tenancy_cli
 
 
@@ -14,6 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     engine_cli.add_subcommands(subparsers)
     tenancy_cli.add_subcommands(subparsers)
+    gateway_serve.add_subcommands(subparsers)
+    gateway_demo.add_subcommands(subparsers)
     return parser
 
 

@@ -114,7 +114,9 @@ class Coordinator:
         max_tokens: int | None,
         logprobs: int | None = None,
         prompt_logprobs: int | None = None,
+        aliases: dict[str, str] | None = None,
     ) -> GenerationPlan:
+        """`aliases` renames engine fields to the client's in error messages."""
         body.check_supported()
         longest = max(len(p) for p in prompts)
         room = self.max_model_len - longest
@@ -143,7 +145,7 @@ class Coordinator:
                 f"{self._settings.max_stop_string_chars} characters.",
                 param="stop",
             )
-        params = self._sampling(body, max_tokens, logprobs, prompt_logprobs)
+        params = self._sampling(body, max_tokens, logprobs, prompt_logprobs, aliases or {})
         return GenerationPlan(
             prompts=prompts,
             params=params,
@@ -157,6 +159,7 @@ class Coordinator:
         max_tokens: int,
         logprobs: int | None,
         prompt_logprobs: int | None,
+        aliases: dict[str, str],
     ) -> GenerateSamplingParams:
         try:
             bias = {int(k): v for k, v in body.logit_bias.items()} if body.logit_bias else None
@@ -188,6 +191,10 @@ class Coordinator:
             check_sampling(params, vocab_size=self.vocab_size)
         except BadRequest as exc:
             name = exc.param.removeprefix("sampling_params.") if exc.param else None
+            if name in aliases:
+                alias = aliases[name]
+                message = exc.message.replace(f"sampling_params.{name}", alias)
+                raise BadRequest(message, param=alias) from None
             raise BadRequest(exc.message.replace("sampling_params.", ""), param=name) from None
         return params
 

@@ -66,11 +66,10 @@ class EventStreamResponse(Response):
         headers: Mapping[str, str],
         keepalive_s: float,
     ) -> None:
-        super().__init__(
-            status_code=200,
-            headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers},
-            media_type=self.media_type,
-        )
+        # No body: init_headers then sets no content-length (the length is unknown).
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
         self._first = first
         self._events = events
         self._keepalive_s = keepalive_s

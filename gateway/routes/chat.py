@@ -31,6 +31,7 @@ async def chat_completions(
         prompt_param="messages",
         max_tokens=body.requested_max_tokens,
         logprobs=top if body.logprobs else None,
+        aliases={"logprobs": "top_logprobs"},
     )
     renderer = ChatRenderer(
         response_id=run.request_id,

@@ -30,6 +30,7 @@ async def completions(request: Request, state: StateDep, ctx: TenantDep, raw: Bo
         max_tokens=body.requested_max_tokens,
         logprobs=body.logprobs,
         prompt_logprobs=body.logprobs if body.echo and body.logprobs is not None else None,
+        aliases={"prompt_logprobs": "logprobs"},
     )
     renderer = CompletionRenderer(
         response_id=run.request_id,

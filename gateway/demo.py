@@ -1,0 +1,169 @@
+"""`loragate demo`: the one-command demo on the embedded default (what `make run` starts).
+
+Prepares a state directory (generated secrets kept in a 0600 file, a SQLite database), a demo
+tenant with a quota policy and a fresh inference key (printed once; earlier demo keys are
+revoked), then serves the gateway with the in-process engine and prints a curl line and an
+OpenAI SDK snippet that work as printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from gateway.serve import load_settings, run_server
+from gateway.settings import GatewaySettings
+from tenancy.crud.keys import create_key, revoke_key
+from tenancy.crud.quotas import put_policy
+from tenancy.crud.tenants import create_tenant
+from tenancy.db import make_engine, make_sessionmaker
+from tenancy.keys import KeyMinter
+from tenancy.migrate import upgrade
+from tenancy.models import ApiKey, Tenant
+from tenancy.principal import AuditContext, Principal
+from tenancy.schemas import ApiKeyCreate, QuotaLimitsIn, TenantCreate
+from tenancy.scopes import Scope
+
+DEMO_TENANT = "demo"
+DEMO_MODEL_NAME = "tiny"
+DEMO_CTX = AuditContext(
+    principal=Principal(subject="system:demo", tenant_id=None, scopes=frozenset({Scope.ADMIN}))
+)
+DEMO_LIMITS = QuotaLimitsIn(
+    requests_per_minute=120,
+    tokens_per_minute=200_000,
+    max_concurrent=8,
+    daily_token_budget=5_000_000,
+)
+
+
+def add_subcommands(subparsers: Any) -> None:
+    demo = subparsers.add_parser(
+        "demo", help="the embedded demo: a demo tenant and key, then the gateway on this machine"
+    )
+    demo.add_argument("--model", type=Path, default=Path(".cache/models/tiny"))
+    demo.add_argument("--dir", type=Path, default=Path(".cache/demo"), help="state directory")
+    demo.add_argument("--host", default="127.0.0.1")
+    demo.add_argument("--port", type=int, default=8000)
+    demo.add_argument("--no-serve", action="store_true", help="prepare and print, do not serve")
+    demo.set_defaults(handler=_demo)
+
+
+def demo_secrets(state_dir: Path) -> dict[str, str]:
+    """Generated once and kept (0600), so keys stay valid across demo restarts."""
+    path = state_dir / "secrets.env"
+    if not path.exists():
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"LORAGATE_KEY_PEPPER={secrets.token_urlsafe(32)}\n")
+            f.write(f"LORAGATE_SALT_SECRET={secrets.token_urlsafe(32)}\n")
+    values = {}
+    for line in path.read_text().splitlines():
+        name, _, value = line.partition("=")
+        values[name.removeprefix("LORAGATE_").lower()] = value
+    return values
+
+
+def demo_settings(model: Path, state_dir: Path) -> GatewaySettings | None:
+    return load_settings(
+        model=model,
+        served_model_name=DEMO_MODEL_NAME,
+        database_url=f"sqlite+aiosqlite:///{(state_dir / 'loragate.db').resolve()}",
+        adapter_store_dir=state_dir / "adapters",
+        auto_migrate=True,
+        demo=True,
+        **demo_secrets(state_dir),
+    )
+
+
+async def prepare(settings: GatewaySettings) -> str:
+    """Migrate; create the demo tenant and policy if missing; return a fresh inference key."""
+    engine = make_engine(settings.database_url)
+    try:
+        await upgrade(engine)
+        minter = KeyMinter(
+            prefix=settings.key_prefix, pepper=settings.key_pepper.get_secret_value().encode()
+        )
+        async with make_sessionmaker(engine)() as session:
+            tenant = (
+                await session.scalars(select(Tenant).where(Tenant.name == DEMO_TENANT))
+            ).first()
+            if tenant is None:
+                tenant = await create_tenant(
+                    session,
+                    ctx=DEMO_CTX,
+                    data=TenantCreate(name=DEMO_TENANT),
+                    tiers=frozenset(settings.tiers),
+                    default_tier=settings.default_tier,
+                )
+                await put_policy(session, ctx=DEMO_CTX, tenant_id=tenant.id, limits=DEMO_LIMITS)
+            now = dt.datetime.now(dt.UTC)
+            old = await session.scalars(
+                select(ApiKey.id).where(ApiKey.tenant_id == tenant.id, ApiKey.revoked_at.is_(None))
+            )
+            for key_id in list(old.all()):
+                await revoke_key(session, ctx=DEMO_CTX, tenant_id=tenant.id, key_id=key_id, now=now)
+            created = await create_key(
+                session,
+                ctx=DEMO_CTX,
+                minter=minter,
+                tenant_id=tenant.id,
+                data=ApiKeyCreate(name="demo", scopes=[Scope.INFERENCE]),
+                now=now,
+            )
+        return created.key
+    finally:
+        await engine.dispose()
+
+
+def banner(key: str, *, host: str, port: int, model: str) -> str:
+    base = f"http://{host}:{port}/v1"
+    return f"""
+loragate demo: the gateway with the in-process engine on the tiny model.
+
+Demo tenant API key (shown once; a new one is made each time the demo starts):
+
+    {key}
+
+Try it with curl:
+
+    curl -s {base}/chat/completions -H "Authorization: Bearer {key}" \\
+      -H "Content-Type: application/json" \\
+      -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'
+
+Or with the OpenAI SDK (Python):
+
+    from openai import OpenAI
+    client = OpenAI(base_url="{base}", api_key="{key}")
+    reply = client.chat.completions.create(
+        model="{model}", messages=[{{"role": "user", "content": "Hello!"}}], max_tokens=32
+    )
+    print(reply.choices[0].message.content)
+
+Models this key may use: curl -s {base}/models -H "Authorization: Bearer {key}"
+Metrics: http://{host}:{port}/metrics   Readiness: http://{host}:{port}/ready
+(The tiny model has random weights: expect fluent-looking nonsense.)
+"""
+
+
+def _demo(args: argparse.Namespace) -> int:
+    if not (args.model / "config.json").is_file():
+        print(f"no model at {args.model}; run `loragate make-model {args.model}`", file=sys.stderr)
+        return 2
+    settings = demo_settings(args.model, args.dir)
+    if settings is None:
+        return 2
+    key = asyncio.run(prepare(settings))
+    print(banner(key, host=args.host, port=args.port, model=settings.model_name), flush=True)
+    if not args.no_serve:
+        run_server(settings, host=args.host, port=args.port, log_level="info")
+    return 0
