@@ -92,12 +92,25 @@ class RecordingClient:
         await self.inner.close()
 
 
+class SecretScan:
+    """Keys, salts and prompt texts of a test run: none may appear in any log record."""
+
+    def __init__(self) -> None:
+        self.values: set[str] = set()
+
+    def add(self, value: str) -> str:
+        self.values.add(value)
+        return value
+
+    def leaked(self, lines: list[str]) -> list[str]:
+        return [v[:6] + "..." for v in self.values if any(v in line for line in lines)]
+
+
 @dataclass
 class Gateway:
     state: GatewayState
     client: httpx.AsyncClient
-    # every key created, for the log scans (never in a repr)
-    keys: list[str] = field(default_factory=list, repr=False)
+    scan: SecretScan = field(default_factory=SecretScan, repr=False)
 
     async def tenant(
         self,
@@ -127,7 +140,8 @@ class Gateway:
                 await put_policy(
                     session, ctx=ADMIN_CTX, tenant_id=tenant.id, limits=QuotaLimitsIn(**limits)
                 )
-        self.keys.append(created.key)
+        self.scan.add(created.key)
+        self.scan.add(self.state.tenancy.salts.salt(tenant.id, 0))  # type: ignore[arg-type]
         return TenantKey(tenant_id=tenant.id, key=created.key, tier=tier)
 
     def salt_of(self, tenant: TenantKey) -> str:
@@ -152,16 +166,20 @@ class Gateway:
             return list(rows.all())
 
     def chat_body(self, content: str, **fields: Any) -> dict[str, Any]:
+        if len(content) >= 16:
+            self.scan.add(content)  # prompt text never reaches a log either
         return {"model": MODEL, "messages": [{"role": "user", "content": content}],
                 "temperature": 0, **fields}  # fmt: skip
 
 
 @asynccontextmanager
-async def running_gateway(settings: GatewaySettings) -> AsyncIterator[Gateway]:
+async def running_gateway(
+    settings: GatewaySettings, scan: SecretScan | None = None
+) -> AsyncIterator[Gateway]:
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app, client=("203.0.113.9", 5000))
         async with httpx.AsyncClient(
             transport=transport, base_url="http://gateway", timeout=TIMEOUT_S
         ) as client:
-            yield Gateway(state=app.state.gateway, client=client)
+            yield Gateway(state=app.state.gateway, client=client, scan=scan or SecretScan())
