@@ -9,7 +9,7 @@ close.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -37,11 +37,13 @@ from tenancy.runtime import build_runtime
 CLIENT_CLOSED_REQUEST = 499
 
 
-async def build_engine_client(settings: GatewaySettings) -> EngineClient:
+async def build_engine_client(
+    settings: GatewaySettings, vllm_priority: Callable[[int], int]
+) -> EngineClient:
     if settings.engine_mode == "http":
         from gateway.http_engine import HttpEngineClient
 
-        return HttpEngineClient.from_settings(settings)
+        return HttpEngineClient.from_settings(settings, vllm_priority)
     from gateway.engine_client import InProcessEngineClient
 
     return await InProcessEngineClient.from_settings(settings)
@@ -61,7 +63,7 @@ async def build_state(settings: GatewaySettings) -> GatewayState:
         if settings.auto_migrate:
             await upgrade(runtime.engine)
         tokenizer = await asyncio.to_thread(Tokenizer.load, settings.model)
-        engine = await build_engine_client(settings)
+        engine = await build_engine_client(settings, runtime.priority.vllm_priority)
     except BaseException:
         await runtime.close()
         raise

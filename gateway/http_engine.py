@@ -1,0 +1,324 @@
+"""The HTTP engine client: a pooled, streaming client over a list of engine replicas (loragate's
+engine servers, or vLLM servers in tokens-only mode).
+
+Every request streams from the engine. A request goes to the best replica (see replicas.py);
+if that replica cannot be reached, refuses with 5xx, or fails before the first event, the next
+one is tried. After the first event there is no retry: a failure ends the stream with an
+`EngineStreamError`. Closing a stream early aborts the request on its replica (the connection
+is closed and `/abort_requests` is sent).
+
+vLLM mode drops loragate's extension field (`fairness_key`) and maps priorities to vLLM's
+convention.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import httpx
+from pydantic import ValidationError
+
+from engine.protocol import GenerateRequest, GenerateResponse
+from gateway.engine_api import EngineStreamError
+from gateway.errors import BadRequest, EngineFailed, EngineOverloaded, ModelNotFound
+from gateway.policy import AdapterRef
+from gateway.replicas import Replica, adapter_tiers, route
+from gateway.settings import GatewaySettings
+from tenancy.errors import TenancyError
+
+log = logging.getLogger(__name__)
+
+GENERATE = "/inference/v1/generate"
+_RETRYABLE = (httpx.TransportError,)
+
+
+class _TryNext(Exception):
+    """This replica failed before the first event; the next one may serve the request."""
+
+    def __init__(self, error: TenancyError) -> None:
+        self.error = error
+
+
+def wire_body(
+    request: GenerateRequest, *, vllm: bool, vllm_priority: Callable[[int], int]
+) -> bytes:
+    if not vllm:
+        return request.model_dump_json(exclude_none=True).encode()
+    body = request.model_dump(exclude_none=True, exclude={"fairness_key"})
+    body["priority"] = vllm_priority(request.priority)
+    return json.dumps(body).encode()
+
+
+def _error_for(status: int, body: bytes) -> TenancyError:
+    try:
+        error = json.loads(body).get("error", {})
+        message = str(error.get("message", ""))[:500] or "The engine refused the request."
+        param = error.get("param") if isinstance(error.get("param"), str) else None
+    except (ValueError, AttributeError):
+        message, param = "The engine refused the request.", None
+    if status == 400:
+        return BadRequest(message, param=param)
+    if status == 404:
+        return ModelNotFound()
+    if status == 503:
+        return EngineOverloaded()
+    return EngineFailed("The engine failed.", status_code=502)
+
+
+class HttpStream:
+    def __init__(
+        self,
+        client: HttpEngineClient,
+        replica: Replica,
+        request_id: str,
+        response: httpx.Response,
+        lines: AsyncIterator[str],
+        first: GenerateResponse,
+    ) -> None:
+        self._client = client
+        self._replica = replica
+        self._request_id = request_id
+        self._response = response
+        self._lines = lines
+        self._first: GenerateResponse | None = first
+        self._done = False
+        self._closed = False
+
+    def __aiter__(self) -> AsyncIterator[GenerateResponse]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[GenerateResponse]:
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield first
+        while True:
+            try:
+                event = await _next_event(self._lines)
+            except (httpx.HTTPError, EngineStreamError) as exc:
+                self._client.mark_failed(self._replica)
+                message = exc.message if isinstance(exc, EngineStreamError) else None
+                raise EngineStreamError(
+                    message or "The engine replica failed mid-stream."
+                ) from None
+            if event is None:
+                self._done = True
+                return
+            yield event
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._replica.outstanding -= 1
+        with contextlib.suppress(httpx.HTTPError):
+            await self._response.aclose()
+        if not self._done:
+            self._client.abort_later(self._replica, self._request_id)
+
+
+async def _next_event(lines: AsyncIterator[str]) -> GenerateResponse | None:
+    """The next `data:` event; None at `[DONE]` or the end of the body."""
+    async for line in lines:
+        if not line.startswith("data: "):
+            continue  # blank separators and comments
+        payload = line[len("data: ") :]
+        if payload == "[DONE]":
+            return None
+        try:
+            if '"error"' in payload[:20]:
+                error = json.loads(payload).get("error", {})
+                raise EngineStreamError(str(error.get("message", "engine error"))[:500])
+            return GenerateResponse.model_validate_json(payload)
+        except (ValueError, ValidationError) as exc:
+            raise EngineStreamError("The engine sent an unreadable event.") from exc
+    return None
+
+
+class HttpEngineClient:
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        model_name: str,
+        max_model_len: int,
+        vocab_size: int,
+        vllm: bool = False,
+        vllm_priority: Callable[[int], int] = lambda p: p,
+        admin_token: str | None = None,
+        connect_timeout_s: float = 5.0,
+        poll_interval_s: float = 2.0,
+        max_connections: int = 256,
+    ) -> None:
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.replicas = [Replica(index=i, url=url) for i, url in enumerate(urls)]
+        self._vllm = vllm
+        self._vllm_priority = vllm_priority
+        self._admin_headers = {"authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self._poll_interval_s = poll_interval_s
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=connect_timeout_s, read=None, write=30.0, pool=30.0),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+        self._poller: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def from_settings(
+        cls, settings: GatewaySettings, vllm_priority: Callable[[int], int] = lambda p: p
+    ) -> HttpEngineClient:
+        config = json.loads((Path(settings.model) / "config.json").read_text(encoding="utf-8"))
+        max_len = int(config.get("max_position_embeddings", 2048))
+        if settings.engine_max_model_len is not None:
+            max_len = min(max_len, settings.engine_max_model_len)
+        token = settings.engine_admin_token
+        return cls(
+            settings.engine_urls,
+            model_name=settings.model_name,
+            max_model_len=max_len,
+            vocab_size=int(config["vocab_size"]),
+            vllm=settings.engine_kind == "vllm",
+            vllm_priority=vllm_priority,
+            admin_token=token.get_secret_value() if token is not None else None,
+            connect_timeout_s=settings.engine_connect_timeout_s,
+            poll_interval_s=settings.engine_poll_interval_s,
+            max_connections=settings.engine_max_connections,
+        )
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.poll()
+        self._poller = asyncio.create_task(self._poll_forever(), name="engine-poller")
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._http.aclose()
+
+    async def check_ready(self) -> dict[str, bool]:
+        return {replica.name: replica.healthy for replica in self.replicas}
+
+    # ---- replica state -------------------------------------------------------------------------
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_interval_s)
+            await self.poll()
+
+    async def poll(self) -> None:
+        await asyncio.gather(*(self._poll_one(replica) for replica in self.replicas))
+
+    async def _poll_one(self, replica: Replica) -> None:
+        try:
+            health = await self._http.get(replica.url + "/health", timeout=2.0)
+            replica.healthy = health.status_code == 200
+            if replica.healthy and not self._vllm:
+                models = await self._http.get(
+                    replica.url + "/v1/models", headers=self._admin_headers, timeout=2.0
+                )
+                if models.status_code == 200:
+                    replica.adapters = adapter_tiers(models.json())
+        except (httpx.HTTPError, ValueError):
+            replica.healthy = False
+
+    def mark_failed(self, replica: Replica) -> None:
+        replica.healthy = False  # the poller brings it back when /health answers again
+
+    def abort_later(self, replica: Replica, request_id: str) -> None:
+        task = asyncio.create_task(self._abort(replica, request_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _abort(self, replica: Replica, request_id: str) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            await self._http.post(
+                replica.url + "/abort_requests", json={"request_ids": [request_id]}, timeout=5.0
+            )
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    async def _load_adapter(self, replica: Replica, adapter: AdapterRef) -> None:
+        r = await self._http.post(
+            replica.url + "/v1/load_lora_adapter",
+            json={"lora_name": adapter.engine_name, "lora_path": adapter.path},
+            headers=self._admin_headers,
+            timeout=120.0,
+        )
+        if r.status_code not in (200, 409):
+            log.warning("replica %s could not load an adapter (%d)", replica.name, r.status_code)
+            raise _TryNext(EngineFailed("The adapter could not be loaded.", status_code=502))
+        replica.adapters.setdefault(adapter.engine_name, "cpu")
+
+    async def open(self, request: GenerateRequest, adapter: AdapterRef | None) -> HttpStream:
+        body = wire_body(request, vllm=self._vllm, vllm_priority=self._vllm_priority)
+        error: TenancyError = EngineFailed("No engine replica is available.", status_code=502)
+        for replica in route(self.replicas, request.model):
+            try:
+                return await self._try(replica, request, body, adapter)
+            except _TryNext as failed:
+                error = failed.error
+        raise error
+
+    async def _try(
+        self, replica: Replica, request: GenerateRequest, body: bytes, adapter: AdapterRef | None
+    ) -> HttpStream:
+        replica.outstanding += 1
+        handed_over = False
+        try:
+            if adapter is not None and replica.adapter_rank(adapter.engine_name) == 0:
+                await self._load_adapter(replica, adapter)
+            response = await self._send(replica, body)
+            if response.status_code == 404 and adapter is not None:
+                await response.aclose()  # the replica lost the adapter (restart): load, retry
+                replica.adapters.pop(adapter.engine_name, None)
+                await self._load_adapter(replica, adapter)
+                response = await self._send(replica, body)
+            if response.status_code != 200:
+                error = _error_for(response.status_code, await response.aread())
+                await response.aclose()
+                if response.status_code >= 500:
+                    raise _TryNext(error)
+                raise error
+            lines = response.aiter_lines()
+            try:
+                first = await _next_event(lines)
+            except (httpx.HTTPError, EngineStreamError) as exc:
+                await response.aclose()
+                self.mark_failed(replica)
+                raise _TryNext(EngineFailed("The engine failed.", status_code=502)) from exc
+            if first is None:
+                await response.aclose()
+                raise _TryNext(EngineFailed("The engine ended the stream early.", status_code=502))
+            handed_over = True
+            return HttpStream(self, replica, request.request_id, response, lines, first)
+        finally:
+            if not handed_over:
+                replica.outstanding -= 1
+
+    async def _send(self, replica: Replica, body: bytes) -> httpx.Response:
+        try:
+            return await self._http.send(
+                self._http.build_request(
+                    "POST",
+                    replica.url + GENERATE,
+                    content=body,
+                    headers={"content-type": "application/json"},
+                ),
+                stream=True,
+            )
+        except _RETRYABLE as exc:
+            self.mark_failed(replica)
+            raise _TryNext(EngineFailed("The engine is unreachable.", status_code=502)) from exc

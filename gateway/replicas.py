@@ -1,0 +1,58 @@
+"""Engine replicas as the HTTP client sees them, and which one a request should go to.
+
+Routing: among healthy replicas, prefer one where the request's adapter is resident (the
+highest tier its `/v1/models` reports: gpu, then cpu, then merely registered), then the one
+with the fewest outstanding requests. Unhealthy replicas come last, so a request still tries
+them when nothing else is left. Plain data and pure functions: unit-tested without engines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Higher is better; an adapter a replica does not list ranks 0.
+TIER_RANK = {"gpu": 3, "cpu": 2, "disk": 1}
+
+
+@dataclass
+class Replica:
+    index: int
+    url: str
+    healthy: bool = True
+    outstanding: int = 0
+    # adapter engine name -> tier, from the replica's /v1/models
+    adapters: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """How readiness reports it: an index, never the URL."""
+        return f"engine-{self.index}"
+
+    def adapter_rank(self, adapter: str | None) -> int:
+        if adapter is None:
+            return 0
+        tier = self.adapters.get(adapter)
+        if tier is None:
+            return 0
+        return TIER_RANK.get(tier, 1)
+
+
+def route(replicas: list[Replica], adapter: str | None) -> list[Replica]:
+    """Every replica, best first (the caller tries them in this order)."""
+    return sorted(
+        replicas,
+        key=lambda r: (not r.healthy, -r.adapter_rank(adapter), r.outstanding, r.index),
+    )
+
+
+def adapter_tiers(models: object) -> dict[str, str]:
+    """adapter name -> tier from an engine's `/v1/models` body (base model entries skipped)."""
+    tiers: dict[str, str] = {}
+    data = models.get("data") if isinstance(models, dict) else None
+    for entry in data if isinstance(data, list) else []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+            continue
+        tier = entry.get("tier")
+        if isinstance(tier, str):
+            tiers[entry["id"]] = tier
+    return tiers

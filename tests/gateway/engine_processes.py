@@ -1,0 +1,63 @@
+"""Real engine server processes (`loragate engine`) on free loopback ports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from services import free_port
+
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class EngineProcess:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = httpx.get(self.url + "/metrics", timeout=5).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def start_engines(model_dir: Path, workdir: Path, count: int, *args: str) -> list[EngineProcess]:
+    engines = []
+    for _ in range(count):
+        port = free_port()
+        log_path = workdir / f"engine-{port}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [str(BIN / "loragate"), "engine", "--model", str(model_dir), "--port", str(port),
+                 "--served-model-name", "tiny", "--num-kv-blocks", "512", "--max-num-seqs", "16",
+                 *args],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        engines.append(EngineProcess(f"http://127.0.0.1:{port}", proc, log_path))
+    deadline = time.monotonic() + 180
+    for engine in engines:
+        while True:
+            if engine.proc.poll() is not None:
+                raise RuntimeError(engine.log_path.read_text()[-3000:])
+            try:
+                if httpx.get(engine.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("engine did not start")
+            time.sleep(0.2)
+    return engines

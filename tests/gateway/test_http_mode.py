@@ -1,0 +1,134 @@
+"""Acceptance 7: the gateway over two engine server processes (distributed mode: HTTP engines,
+Redis quotas). Requests spread over both; when one engine is killed, an in-flight stream on it
+ends with an error event and its usage is recorded, and new requests go to the other."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+from engine_processes import EngineProcess, start_engines
+from gateway_harness import Gateway, SecretScan, gateway_settings
+from live_server import live_gateway
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest.fixture(scope="module")
+def engines(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[EngineProcess]]:
+    procs = start_engines(tiny_model_dir, tmp_path_factory.mktemp("engines"), 2)
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def live(
+    engines: list[EngineProcess],
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_server_url: str,
+    secret_scan: SecretScan,
+) -> AsyncIterator[tuple[str, Gateway]]:
+    settings = gateway_settings(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("http-mode"),
+        engine_mode="http",
+        engine_urls=[e.url for e in engines],
+        engine_poll_interval_s=0.3,
+        quota_store="redis",
+        redis_url=redis_server_url,
+        redis_key_prefix=f"lgtest:{uuid.uuid4().hex[:12]}:",
+    )
+    async with live_gateway(settings) as (url, state):  # noqa: SIM117 (url comes from it)
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            yield url, Gateway(state=state, client=client, scan=secret_scan)
+
+
+def _served(engine: EngineProcess) -> float:
+    return engine.metric("vllm:request_success_total")
+
+
+async def test_requests_spread_over_both_replicas(
+    live: tuple[str, Gateway], engines: list[EngineProcess]
+) -> None:
+    _, gw = live
+    tenant = await gw.tenant()
+    before = [_served(e) for e in engines]
+    body = gw.chat_body("Spread the work, please.", max_tokens=20, ignore_eos=True)
+    results = await asyncio.gather(
+        *(gw.client.post("/v1/chat/completions", headers=tenant.headers, json=body)
+          for _ in range(8))
+    )  # fmt: skip
+    assert all(r.status_code == 200 for r in results)
+    texts = {r.json()["choices"][0]["message"]["content"] for r in results}
+    assert len(texts) == 1  # greedy: both replicas give the same answer
+    served = [_served(e) - b for e, b in zip(engines, before, strict=True)]
+    assert sum(served) == 8 and min(served) >= 2
+    records = await gw.usage_records(tenant)
+    assert len(records) == 8 and {r.finish_reason for r in records} == {"length"}
+
+
+async def test_killed_replica_mid_stream(
+    live: tuple[str, Gateway], engines: list[EngineProcess]
+) -> None:
+    _, gw = live
+    tenant = await gw.tenant()
+    body = gw.chat_body("A very long story.", max_tokens=1500, ignore_eos=True, stream=True,
+                        stream_options={"include_usage": True})  # fmt: skip
+    events: list[dict] = []
+    async with gw.client.stream(
+        "POST", "/v1/chat/completions", headers=tenant.headers, json=body
+    ) as response:
+        assert response.status_code == 200
+        lines = response.aiter_lines()
+        async for line in lines:
+            if line.startswith("data: {"):
+                events.append(json.loads(line[6:]))
+                if sum(bool(e["choices"] and e["choices"][0]["delta"].get("content"))
+                       for e in events) >= 3:  # fmt: skip
+                    break
+        running = [e for e in engines if e.metric("vllm:num_requests_running") >= 1]
+        assert len(running) == 1
+        victim, survivor = running[0], next(e for e in engines if e is not running[0])
+        victim.kill()
+        rest = [line async for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    error = json.loads(rest[-2][6:])
+    assert error["error"]["type"] == "server_error"
+    received = sum(
+        bool(e["choices"] and e["choices"][0]["delta"].get("content"))
+        for e in [*events, *(json.loads(x[6:]) for x in rest[:-2])]
+    )
+    # The usage of what was produced is recorded, with finish reason `error`.
+    deadline = time.monotonic() + 10
+    while not (records := await gw.usage_records(tenant)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert len(records) == 1
+    assert records[0].finish_reason == "error"
+    assert records[0].completion_tokens >= received >= 3
+    # New requests go to the surviving replica.
+    before = _served(survivor)
+    for _ in range(4):
+        r = await gw.client.post(
+            "/v1/chat/completions", headers=tenant.headers,
+            json=gw.chat_body("Still there?", max_tokens=3),
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+    assert _served(survivor) - before == 4
+    leases = await gw.state.tenancy.quotas.usage(f"t:{tenant.tenant_id}")
+    assert leases.num_leases == 0
+    ready = await gw.client.get("/ready")
+    assert ready.status_code == 200  # one engine is enough to serve
+    assert sorted(ready.json()["engines"].values()) == [False, True]
