@@ -3,8 +3,46 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
+
+from engine.config import EngineConfig, LoraModule
+
+
+def parse_lora_modules(values: list[str]) -> tuple[LoraModule, ...]:
+    """Each value: `name=path`, a JSON object {"name", "path", "base_model_name"?} or a JSON
+    list of such objects. Raises ValueError naming the bad value."""
+    modules: list[LoraModule] = []
+    for value in values:
+        text = value.strip()
+        if not text.startswith(("{", "[")):
+            name, sep, path = text.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"--lora-modules expects name=path or JSON, got {value[:200]!r}")
+            modules.append(LoraModule(name=name, path=path))
+            continue
+        try:
+            parsed = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"--lora-modules: invalid JSON {value[:200]!r}") from exc
+        for item in parsed if isinstance(parsed, list) else [parsed]:
+            modules.append(_lora_module(item))
+    names = [m.name for m in modules]
+    if len(set(names)) != len(names):
+        raise ValueError("--lora-modules names an adapter twice")
+    return tuple(modules)
+
+
+def _lora_module(item: Any) -> LoraModule:
+    if not isinstance(item, dict) or not set(item) <= {"name", "path", "base_model_name"}:
+        raise ValueError('--lora-modules JSON items are {"name", "path", "base_model_name"?}')
+    name, path, base = item.get("name"), item.get("path"), item.get("base_model_name")
+    if not isinstance(name, str) or not isinstance(path, str) or not name or not path:
+        raise ValueError("--lora-modules: name and path must be non-empty strings")
+    if base is not None and not isinstance(base, str):
+        raise ValueError("--lora-modules: base_model_name must be a string")
+    return LoraModule(name=name, path=path, base_model_name=base)
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -38,6 +76,23 @@ def add_subcommands(subparsers: Any) -> None:
     serve.add_argument("--max-queue-len", type=int, default=4096)
     serve.add_argument("--seed", type=int, default=0)
     serve.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="MODULE",
+        help='adapters to serve from the start: name=path, a JSON object {"name", "path", '
+        '"base_model_name"} or a JSON list of them',
+    )
+    serve.add_argument("--disable-lora", action="store_true", help="no LoRA wrappers or slots")
+    serve.add_argument("--max-loras", type=int, default=4, help="adapter slots on the device")
+    serve.add_argument(
+        "--max-cpu-loras",
+        type=int,
+        default=None,
+        help="adapters cached in CPU memory (>= max-loras)",
+    )
+    serve.add_argument("--max-lora-rank", type=int, default=16)
+    serve.add_argument(
         "--admin-token-env",
         default="LORAGATE_ENGINE_ADMIN_TOKEN",
         help="environment variable holding the admin token for adapter endpoints",
@@ -58,10 +113,25 @@ def _make_model(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import os
 
-    from engine.config import EngineConfig
     from engine.server import serve
+    from lora.errors import AdapterError
 
-    config = EngineConfig(
+    try:
+        config = _engine_config(args)
+    except ValueError as exc:
+        raise SystemExit(f"loragate engine: {exc}") from exc
+    try:
+        serve(
+            config, host=args.host, port=args.port, admin_token=os.environ.get(args.admin_token_env)
+        )
+    except AdapterError as exc:  # a --lora-modules adapter failed validation at start-up
+        raise SystemExit(f"loragate engine: --lora-modules: {exc.message}") from exc
+    return 0
+
+
+def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    """Raises ValueError naming the bad flag (max-cpu-loras below max-loras, ...)."""
+    return EngineConfig(
         model=args.model,
         served_model_name=args.served_model_name,
         dtype=args.dtype,
@@ -77,6 +147,9 @@ def _serve(args: argparse.Namespace) -> int:
         aging_steps=args.aging_steps,
         enable_prefix_caching=not args.no_prefix_caching,
         max_queue_len=args.max_queue_len,
+        enable_lora=not args.disable_lora,
+        max_loras=args.max_loras,
+        max_cpu_loras=args.max_cpu_loras,
+        max_lora_rank=args.max_lora_rank,
+        lora_modules=parse_lora_modules(args.lora_modules),
     )
-    serve(config, host=args.host, port=args.port, admin_token=os.environ.get(args.admin_token_env))
-    return 0

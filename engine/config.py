@@ -9,6 +9,15 @@ SchedulingPolicy = Literal["priority", "fcfs"]
 
 
 @dataclass(frozen=True)
+class LoraModule:
+    """An adapter registered at start-up (`--lora-modules`)."""
+
+    name: str
+    path: str
+    base_model_name: str | None = None
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: str
     served_model_name: str | None = None
@@ -30,6 +39,13 @@ class EngineConfig:
     max_queue_len: int = 4096
     # The loop waits this long for more requests before stepping an empty batch (seconds).
     idle_wait_s: float = 0.05
+    # LoRA: adapter slots on the device (a batch never holds more distinct adapters), the CPU
+    # cache of adapters read from disk (None: max_loras), and the largest rank served.
+    enable_lora: bool = True
+    max_loras: int = 4
+    max_cpu_loras: int | None = None
+    max_lora_rank: int = 16
+    lora_modules: tuple[LoraModule, ...] = ()
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -44,6 +60,16 @@ class EngineConfig:
             raise ValueError("aging_steps must be >= 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be >= 1")
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
+            )
+        if not 1 <= self.max_lora_rank <= 1024:
+            raise ValueError(f"max_lora_rank must be in [1, 1024], got {self.max_lora_rank}")
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("lora_modules needs enable_lora")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
@@ -52,3 +78,7 @@ class EngineConfig:
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
+
+    @property
+    def num_cpu_loras(self) -> int:
+        return self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras

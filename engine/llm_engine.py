@@ -13,12 +13,14 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.errors import AdapterNotFoundError, InvalidRequestError
+from engine.lora_setup import build_lora_manager, lora_stats
 from engine.model_runner import ForwardOutput, ModelRunner, kv_bytes_per_block
 from engine.models.hf_config import load_model_config
 from engine.models.loader import load_model
 from engine.outputs import (
     CompletionDelta,
     EngineStats,
+    FailedSeq,
     FinishReason,
     PositionLogprobs,
     RequestOutput,
@@ -28,6 +30,9 @@ from engine.request import EngineRequest, RequestId
 from engine.sampler import Sampler, SamplingRow
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from lora.errors import AdapterError
+from lora.manager import LoRAManager
+from lora.registry import AdapterId
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -42,6 +47,7 @@ class _RequestState:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_prompt_logprobs_emitted: int = 0
     counted_prompt: bool = False
+    error: str | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -70,7 +76,12 @@ class LLMEngine:
         self.block_manager = BlockManager(
             num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.lora: LoRAManager | None = (
+            build_lora_manager(model, config, mc, self.device) if config.enable_lora else None
+        )
+        self.scheduler = Scheduler(
+            config, self.block_manager, None if self.lora is None else self.lora.cache
+        )
         self.runner = ModelRunner(
             model,
             mc,
@@ -78,6 +89,7 @@ class LLMEngine:
             block_size=config.block_size,
             dtype=self.dtype,
             device=self.device,
+            lora=self.lora,
         )
         self.sampler = Sampler(mc.vocab_size, self.device, seed=config.seed)
         self._requests: dict[RequestId, _RequestState] = {}
@@ -127,13 +139,22 @@ class LLMEngine:
                 "priority must be 0 when the engine runs the fcfs scheduling policy",
                 param="priority",
             )
-        if request.adapter_name not in (None, self.model_name):
-            raise AdapterNotFoundError(
-                f"model {request.adapter_name!r} does not exist", param="model"
-            )
+        self._resolve_adapter(request)
+
+    def _resolve_adapter(self, request: EngineRequest) -> AdapterId | None:
+        name = request.adapter_name
+        if name is None or name == self.model_name:
+            return None
+        if self.lora is not None:
+            try:
+                return self.lora.resolve(name)
+            except AdapterError:
+                pass  # the same 404 as with LoRA disabled
+        raise AdapterNotFoundError(f"model {name[:200]!r} does not exist", param="model")
 
     def add_request(self, request: EngineRequest) -> None:
         self.validate(request)
+        adapter_id = self._resolve_adapter(request)
         params = request.sampling_params
         num_prompt = len(request.prompt_token_ids)
         max_tokens = min(params.max_tokens, self.max_model_len - num_prompt)
@@ -148,6 +169,7 @@ class LLMEngine:
                 token_ids=list(request.prompt_token_ids),
                 num_prompt_tokens=num_prompt,
                 max_tokens=max_tokens,
+                adapter_id=adapter_id,
             )
             for i in range(params.n)
         ]
@@ -189,8 +211,10 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
+        failed = self._fail(sched.failed)
         if sched.is_empty:
-            return []
+            self._finish_unloads()
+            return [self._output(self._requests[rid]) for rid in failed if rid in self._requests]
         now = time.monotonic()
         for item in sched.scheduled:
             times = self._requests[item.seq.request.request_id].times
@@ -202,8 +226,23 @@ class LLMEngine:
             self.block_manager.cache_full_blocks(item.seq)
         touched = self._record_prompt_logprobs(forward)
         touched |= self._sample(forward)
+        touched |= failed
         outputs = [self._output(self._requests[rid]) for rid in touched if rid in self._requests]
+        self._finish_unloads()
         return outputs
+
+    def _fail(self, failed: list[FailedSeq]) -> set[RequestId]:
+        """Sequences the scheduler ended (their adapter became unreadable): the request fails."""
+        touched: set[RequestId] = set()
+        for item in failed:
+            state = self._requests[item.seq.request.request_id]
+            state.error = item.message
+            for seq in state.seqs:
+                if not seq.is_finished:
+                    self.scheduler.finish(seq)
+                    seq.finish_reason = FinishReason.ERROR
+            touched.add(item.seq.request.request_id)
+        return touched
 
     def _sample(self, forward: ForwardOutput) -> set[RequestId]:
         if not forward.sampling_seqs:
@@ -326,7 +365,22 @@ class LLMEngine:
             times=state.times,
             priority=request.priority,
             num_output_tokens=sum(s.num_output_tokens for s in state.seqs),
+            error=state.error,
         )
+
+    # -- adapters (control path, on the loop thread) -------------------------------------
+
+    def is_adapter_unloaded(self, adapter_id: AdapterId) -> bool:
+        """Finish pending unloads that nothing uses any more; True once this one is gone."""
+        self._finish_unloads()
+        return self.lora is None or adapter_id not in self.lora.pending_unloads
+
+    def _finish_unloads(self) -> None:
+        if self.lora is None or not self.lora.pending_unloads:
+            return
+        used = {s.adapter_id for s in self.scheduler.live_sequences()}
+        for adapter_id in self.lora.pending_unloads:
+            self.lora.try_finish_unload(adapter_id, is_used=adapter_id in used)
 
     # -- introspection -------------------------------------------------------------------
 
@@ -341,6 +395,7 @@ class LLMEngine:
             prompt_tokens_total=self._num_prompt_tokens,
             generation_tokens_total=self._num_generation_tokens,
             served_tokens_by_tenant=self.scheduler.fairness.snapshot(),
+            lora=None if self.lora is None else lora_stats(self.lora),
         )
 
     def check_invariants(self) -> None:

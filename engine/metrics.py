@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.outputs import EngineStats, FinishReason, RequestOutput
+from engine.outputs import EngineStats, FinishReason, LoRAStats, RequestOutput
 
 # Bounded label cardinality: the busiest tenants by served tokens get their own series, the
 # rest are summed into OTHER_TENANT.
@@ -114,6 +114,70 @@ class EngineStatsCollector(Collector):
         for label, tokens in bounded_tenant_series(stats.served_tokens_by_tenant):
             served.add_metric([self._model_name, label], tokens)
         yield served
+        if stats.lora is not None:
+            yield from self._lora(stats.lora)
+
+    def _by_tier(self, name: str, doc: str, gpu: float, cpu: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, doc, labels=["model_name", "tier"])
+        family.add_metric([self._model_name, "gpu"], gpu)
+        family.add_metric([self._model_name, "cpu"], cpu)
+        return family
+
+    def _lora(self, lora: LoRAStats) -> Iterator[Metric]:
+        yield self._by_tier(
+            "loragate_engine_adapter_hits",
+            "Adapter acquisitions served by a tier (gpu: already in a slot; cpu: from the CPU cache).",
+            lora.gpu_hits_total,
+            lora.cpu_hits_total,
+        )
+        yield self._by_tier(
+            "loragate_engine_adapter_misses",
+            "Adapter acquisitions a tier could not serve (gpu: slot filled; cpu: read from disk).",
+            lora.gpu_misses_total,
+            lora.cpu_misses_total,
+        )
+        yield self._by_tier(
+            "loragate_engine_adapter_evictions",
+            "Adapters evicted from a tier.",
+            lora.gpu_evictions_total,
+            lora.cpu_evictions_total,
+        )
+        yield self._counter(
+            "loragate_engine_adapter_loads", "Adapter reads from disk.", lora.loads_total
+        )
+        yield self._counter(
+            "loragate_engine_adapter_load_seconds",
+            "Seconds spent reading adapters from disk (prefetches included).",
+            lora.load_seconds_total,
+        )
+        yield self._counter(
+            "loragate_engine_adapter_prefetches",
+            "Adapters read from disk ahead of the waiting requests that need them.",
+            lora.prefetches_total,
+        )
+        yield self._gauge(
+            "loragate_engine_adapter_slots",
+            "Adapter slots on the device (max_loras).",
+            lora.num_slots,
+        )
+        yield self._gauge(
+            "loragate_engine_adapter_slots_occupied",
+            "Adapter slots holding an adapter.",
+            lora.num_slots_occupied,
+        )
+        yield self._gauge(
+            "loragate_engine_adapter_slots_in_use",
+            "Adapter slots pinned by running requests.",
+            lora.num_slots_in_use,
+        )
+        yield self._gauge(
+            "loragate_engine_adapters_cpu_cached",
+            "Adapters held in the CPU cache.",
+            lora.num_cpu_cached,
+        )
+        yield self._gauge(
+            "loragate_engine_adapters_registered", "Registered adapters.", lora.num_adapters
+        )
 
 
 class EngineMetrics:

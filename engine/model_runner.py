@@ -14,7 +14,9 @@ from engine.attention import AttentionMetadata, PrefillSegment
 from engine.models.hf_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.outputs import ScheduledSeq, SchedulerOutput
+from engine.scheduler import adapter_of
 from engine.sequence import Sequence
+from lora.manager import LoRAManager
 
 
 @dataclass
@@ -47,8 +49,10 @@ class ModelRunner:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        lora: LoRAManager | None = None,
     ):
         self.model = model
+        self.lora = lora
         self.config = config
         self.block_size = block_size
         self.device = device
@@ -91,7 +95,7 @@ class ModelRunner:
             )
             start += item.num_new_tokens
 
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
+        hidden = self._forward(ordered, len(decodes), input_ids, positions, meta)
 
         sample_rows: list[int] = []
         sampling_seqs: list[Sequence] = []
@@ -110,6 +114,27 @@ class ModelRunner:
         rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
         logits = self.model.compute_logits(hidden[rows])  # [num_sampling, vocab]
         return ForwardOutput(sampling_seqs, logits, prompt_logits)
+
+    def _forward(
+        self,
+        ordered: list[ScheduledSeq],
+        num_decodes: int,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        if self.lora is None:
+            return self.model(input_ids, positions, self.kv_caches, meta)
+        context = self.lora.layers.context
+        context.batch = self.lora.batch_for(
+            [adapter_of(item.seq) for item in ordered],
+            [item.num_new_tokens for item in ordered],
+            num_decodes=num_decodes,
+        )
+        try:
+            return self.model(input_ids, positions, self.kv_caches, meta)
+        finally:
+            context.batch = None
 
     def _prompt_rows(
         self, item: ScheduledSeq, start: int, hidden: torch.Tensor

@@ -70,6 +70,26 @@ class RequestOutput:
     num_output_tokens: int = field(default=0)  # cumulative over all choices
 
 
+@dataclass(frozen=True)
+class LoRAStats:
+    """Adapter cache counters (cumulative) and slot gauges."""
+
+    num_adapters: int  # registered
+    num_slots: int  # max_loras
+    num_slots_occupied: int
+    num_slots_in_use: int  # held by running sequences
+    num_cpu_cached: int
+    gpu_hits_total: int
+    gpu_misses_total: int
+    cpu_hits_total: int
+    cpu_misses_total: int
+    loads_total: int
+    load_seconds_total: float
+    prefetches_total: int
+    gpu_evictions_total: int
+    cpu_evictions_total: int
+
+
 @dataclass
 class EngineStats:
     """A snapshot for /metrics and /health (cumulative counters are monotonic)."""
@@ -84,6 +104,7 @@ class EngineStats:
     generation_tokens_total: int
     # Served tokens per fairness key (the virtual token counter), for the fairness metric.
     served_tokens_by_tenant: dict[str, int] = field(default_factory=dict)
+    lora: LoRAStats | None = None  # None when LoRA is disabled
 
 
 @dataclass(frozen=True)
@@ -100,10 +121,19 @@ class ScheduledSeq:
         return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
 
 
+@dataclass(frozen=True)
+class FailedSeq:
+    """A sequence the scheduler had to end: its adapter could not be read any more."""
+
+    seq: Sequence
+    message: str
+
+
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSeq]
     preempted: list[Sequence]
+    failed: list[FailedSeq] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:

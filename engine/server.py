@@ -7,7 +7,9 @@ the AsyncEngine, shape the response; every EngineError becomes its HTTP status i
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated
@@ -19,6 +21,7 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from engine import adapter_admin
 from engine.async_engine import AsyncEngine, RequestStream
 from engine.config import EngineConfig
 from engine.errors import EngineError
@@ -37,6 +40,7 @@ from engine.protocol import (
     sse_event,
     to_engine_request,
 )
+from lora.errors import AdapterError
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +57,27 @@ class RequestTooLargeError(EngineError):
     error_type = "invalid_request_error"
 
 
+class AdminAuthError(EngineError):
+    """The adapter endpoints need the engine's admin token: 401."""
+
+    status_code = 401
+    error_type = "authentication_error"
+
+
 # ---- dependencies ----------------------------------------------------------------------------
+
+
+def require_admin(request: Request) -> None:
+    """When an admin token is configured, `Authorization: Bearer <token>` must carry it."""
+    token: str | None = request.app.state.admin_token
+    if not token:
+        return
+    scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+    # Digests make the comparison constant-time whatever the presented length.
+    expected = hmac.new(b"loragate-admin", token.encode(), "sha256").digest()
+    given = hmac.new(b"loragate-admin", presented.strip().encode(), "sha256").digest()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(expected, given):
+        raise AdminAuthError("the adapter endpoints need the engine's admin token")
 
 
 def get_engine(request: Request) -> AsyncEngine:
@@ -85,6 +109,7 @@ async def read_body(request: Request) -> bytes:
 EngineDep = Annotated[AsyncEngine, Depends(get_engine)]
 MetricsDep = Annotated[EngineMetrics, Depends(get_metrics)]
 BodyDep = Annotated[bytes, Depends(read_body)]
+AdminDep = Depends(require_admin)
 
 
 def engine_limits(engine: AsyncEngine) -> EngineLimits:
@@ -117,6 +142,15 @@ async def _engine_error_handler(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, EngineError):  # registered for EngineError only
         raise exc
     return error_response(exc)
+
+
+async def _adapter_error_handler(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, AdapterError):  # registered for AdapterError only
+        raise exc
+    body = error_body(
+        exc.message, error_type="invalid_request_error", param=exc.param, code=exc.status_code
+    )
+    return _json(body, exc.status_code)
 
 
 async def _unexpected_error_handler(request: Request, exc: Exception) -> Response:
@@ -276,6 +310,29 @@ async def metrics_endpoint(metrics: MetricsDep) -> Response:
     return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+# ---- adapters --------------------------------------------------------------------------------
+
+
+@router.post("/v1/load_lora_adapter", response_model=None, dependencies=[AdminDep])
+async def load_lora_adapter(engine: EngineDep, body: BodyDep) -> Response:
+    name, path = adapter_admin.parse_load(body, base_model_name=engine.model_name)
+    record = await adapter_admin.load(engine, name, path)
+    return JSONResponse({"lora_name": record.name, "rank": record.rank, "status": "loaded"})
+
+
+@router.post("/v1/unload_lora_adapter", response_model=None, dependencies=[AdminDep])
+async def unload_lora_adapter(engine: EngineDep, body: BodyDep) -> Response:
+    name = adapter_admin.parse_unload(body)
+    await adapter_admin.unload(engine, name)
+    return JSONResponse({"lora_name": name, "status": "unloaded"})
+
+
+@router.get("/v1/models", response_model=None, dependencies=[AdminDep])
+async def list_models(request: Request, engine: EngineDep) -> Response:
+    data = await adapter_admin.list_models(engine, created=request.app.state.created)
+    return JSONResponse({"object": "list", "data": data})
+
+
 # ---- app -------------------------------------------------------------------------------------
 
 
@@ -304,7 +361,9 @@ def create_app(
     app.state.metrics = EngineMetrics(model_name=engine.model_name, stats=engine.stats)
     app.state.admin_token = admin_token  # for the adapter endpoints
     app.state.max_body_bytes = max_body_bytes
+    app.state.created = int(time.time())
     app.add_exception_handler(EngineError, _engine_error_handler)
+    app.add_exception_handler(AdapterError, _adapter_error_handler)
     app.add_exception_handler(Exception, _unexpected_error_handler)
     app.include_router(router)
     return app

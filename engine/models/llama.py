@@ -6,6 +6,9 @@ weights); Qwen2 adds q/k/v biases, Qwen3 adds per-head RMSNorm on q and k before
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,6 +16,17 @@ from torch import nn
 from engine.attention import AttentionMetadata, paged_attention
 from engine.models.hf_config import ModelConfig
 from engine.models.rope import RotaryEmbedding, apply_rotary
+
+# Where LoRA wrappers go (lora/layers.py): each fused projection's attribute path inside a
+# DecoderLayer -> the PEFT modules fused into it, in output order.
+LORA_PROJECTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"),
+        "self_attn.o_proj": ("o_proj",),
+        "mlp.gate_up_proj": ("gate_proj", "up_proj"),
+        "mlp.down_proj": ("down_proj",),
+    }
+)
 
 
 class RMSNorm(nn.Module):

@@ -1,0 +1,99 @@
+"""The adapter endpoints' work, between the server's thin routes and the engine loop thread:
+parse the bodies, load (validation and disk reads off the loop thread), unload (wait until no
+sequence uses the adapter), list models with each adapter's tier and rank."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import InvalidRequestError
+from lora.registry import AdapterRecord, check_adapter_name
+
+if TYPE_CHECKING:
+    from engine.async_engine import AsyncEngine
+    from engine.llm_engine import LLMEngine
+    from lora.manager import LoRAManager
+
+# How often an unload that waits for running requests looks again (seconds).
+UNLOAD_POLL_S = 0.02
+
+
+def lora_of(engine: LLMEngine) -> LoRAManager:
+    if engine.lora is None:
+        raise InvalidRequestError("LoRA is disabled on this engine", param="lora_name")
+    return engine.lora
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequestError("the body must be a JSON object") from exc
+    if not isinstance(parsed, dict):
+        raise InvalidRequestError("the body must be a JSON object")
+    return parsed
+
+
+def _string_field(fields: dict[str, Any], name: str) -> str:
+    value = fields.get(name)
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"{name} must be a string", param=name)
+    return value
+
+
+def parse_load(body: bytes, *, base_model_name: str) -> tuple[str, str]:
+    """(lora_name, lora_path); the name is checked here (separators, control characters...)."""
+    fields = _json_object(body)
+    name = check_adapter_name(_string_field(fields, "lora_name"), base_model_name=base_model_name)
+    return name, _string_field(fields, "lora_path")
+
+
+def parse_unload(body: bytes) -> str:
+    return _string_field(_json_object(body), "lora_name")
+
+
+async def load(engine: AsyncEngine, name: str, path: str) -> AdapterRecord:
+    """Idempotent for the same name and path; AdapterError (400/409) otherwise."""
+    record = await engine.run_in_loop(lambda e: lora_of(e).existing(name, path))
+    if record is not None:
+        return record
+    # Validation and disk reads run on a worker thread: the engine keeps serving meanwhile.
+    read = await engine.run_in_loop(lambda e: lora_of(e).read)
+    adapter = await asyncio.to_thread(read, path)
+    return await engine.run_in_loop(lambda e: lora_of(e).add(name, path, adapter))
+
+
+async def unload(engine: AsyncEngine, name: str) -> None:
+    """New requests naming it are refused at once; returns when no sequence uses it and it has
+    left every tier."""
+    adapter_id = await engine.run_in_loop(lambda e: lora_of(e).begin_unload(name))
+    while not await engine.run_in_loop(lambda e: e.is_adapter_unloaded(adapter_id)):
+        await asyncio.sleep(UNLOAD_POLL_S)
+
+
+async def list_models(engine: AsyncEngine, *, created: int) -> list[dict[str, Any]]:
+    adapters = await engine.run_in_loop(lambda e: [] if e.lora is None else e.lora.describe())
+    base = {
+        "id": engine.model_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "loragate",
+        "root": engine.config.model,
+        "parent": None,
+        "max_model_len": engine.max_model_len,
+    }
+    return [base] + [
+        {
+            "id": a.name,
+            "object": "model",
+            "created": created,
+            "owned_by": "loragate",
+            "root": a.path,
+            "parent": a.base_model_name or engine.model_name,
+            "tier": a.tier,
+            "rank": a.rank,
+        }
+        for a in adapters
+    ]

@@ -1,0 +1,76 @@
+"""Wiring between the engine and lora/: wrap the model's projections, build the manager,
+register the start-up adapters, and snapshot the adapter cache for stats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.models.hf_config import ModelConfig
+from engine.models.llama import LORA_PROJECTIONS, LlamaForCausalLM
+from engine.outputs import LoRAStats
+from lora.dims import BaseModelDims
+from lora.layers import LoRALayers
+from lora.manager import LoRAManager
+
+
+def model_dims(mc: ModelConfig, config: EngineConfig) -> BaseModelDims:
+    names = [config.model_name, config.model, str(Path(config.model).resolve())]
+    names += [m.base_model_name for m in config.lora_modules if m.base_model_name]
+    return BaseModelDims(
+        num_layers=mc.num_layers,
+        hidden_size=mc.hidden_size,
+        q_size=mc.q_size,
+        kv_size=mc.kv_size,
+        intermediate_size=mc.intermediate_size,
+        names=tuple(dict.fromkeys(names)),
+    )
+
+
+def build_lora_manager(
+    model: LlamaForCausalLM, config: EngineConfig, mc: ModelConfig, device: torch.device
+) -> LoRAManager:
+    """Wraps the model's projections in place; start-up adapters that fail validation raise
+    their AdapterError (the engine does not start with a broken --lora-modules)."""
+    dims = model_dims(mc, config)
+    layers = LoRALayers(
+        model.layers,
+        LORA_PROJECTIONS,
+        dims,
+        max_loras=config.max_loras,
+        max_rank=config.max_lora_rank,
+    )
+    manager = LoRAManager(
+        layers,
+        dims,
+        max_loras=config.max_loras,
+        max_cpu_loras=config.num_cpu_loras,
+        max_lora_rank=config.max_lora_rank,
+        device=device,
+        base_model_name=config.model_name,
+    )
+    for module in config.lora_modules:
+        manager.add(module.name, module.path, base_model_name=module.base_model_name)
+    return manager
+
+
+def lora_stats(manager: LoRAManager) -> LoRAStats:
+    cache, counters = manager.cache, manager.cache.stats
+    return LoRAStats(
+        num_adapters=len(manager.registry),
+        num_slots=cache.max_loras,
+        num_slots_occupied=cache.num_occupied_slots,
+        num_slots_in_use=cache.num_pinned_slots,
+        num_cpu_cached=cache.num_cpu,
+        gpu_hits_total=counters.gpu_hits,
+        gpu_misses_total=counters.gpu_misses,
+        cpu_hits_total=counters.cpu_hits,
+        cpu_misses_total=counters.cpu_misses,
+        loads_total=counters.num_loads,
+        load_seconds_total=counters.load_seconds,
+        prefetches_total=counters.num_prefetches,
+        gpu_evictions_total=counters.gpu_evictions,
+        cpu_evictions_total=counters.cpu_evictions,
+    )

@@ -1,0 +1,276 @@
+"""The adapter cache tiers as a plain-Python policy: disk store -> CPU cache -> accelerator slots.
+
+The policy never touches a tensor: an `AdapterSource` does the work (disk -> CPU payload,
+payload -> slot), so tests drive it with stand-in payloads. Invariants (check_invariants):
+
+- at most `max_loras` adapters hold a slot and at most `max_cpu_loras` a CPU payload;
+- an adapter in use by a running sequence holds a slot, and neither its slot nor its CPU
+  payload (if it has one) is evicted until its last user releases it (in use <= max_loras <=
+  max_cpu_loras, so an evictable CPU entry always exists when a slot is being filled);
+- eviction prefers what no waiting request needs, then what is needed latest, then the least
+  recently used; `plan` (once per step, with the waiting queue's adapters in line order)
+  records that and prefetches the next needed adapters from disk into the CPU tier.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, Literal, Protocol, TypeVar
+
+from lora.errors import AdapterError
+from lora.registry import AdapterId
+
+P = TypeVar("P")
+Tier = Literal["disk", "cpu", "gpu"]
+_NOT_WANTED = 1 << 62
+
+
+class AdapterSource(Protocol[P]):
+    def load(self, adapter_id: AdapterId) -> P:
+        """Disk -> CPU payload; raises AdapterError if the adapter can no longer be read."""
+        ...
+
+    def activate(self, slot: int, adapter_id: AdapterId, payload: P) -> None:
+        """Copy a payload into an accelerator slot (overwriting whatever it held)."""
+        ...
+
+
+@dataclass
+class CacheStats:
+    gpu_hits: int = 0  # acquire found the adapter in a slot
+    gpu_misses: int = 0  # acquire had to fill a slot
+    cpu_hits: int = 0  # ...from a CPU payload
+    cpu_misses: int = 0  # ...or from disk
+    num_loads: int = 0
+    load_seconds: float = 0.0  # disk -> CPU, prefetches included
+    num_prefetches: int = 0
+    gpu_evictions: int = 0
+    cpu_evictions: int = 0
+
+
+class AdapterCache(Generic[P]):
+    def __init__(
+        self,
+        *,
+        max_loras: int,
+        max_cpu_loras: int,
+        source: AdapterSource[P],
+        prefetch_per_step: int = 1,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        if max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {max_loras}")
+        if max_cpu_loras < max_loras:
+            raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be >= max_loras ({max_loras})")
+        self.max_loras = max_loras
+        self.max_cpu_loras = max_cpu_loras
+        self._source = source
+        self._prefetch_per_step = prefetch_per_step
+        self._clock = clock
+        self._known: set[AdapterId] = set()
+        self._cpu: OrderedDict[AdapterId, P] = OrderedDict()  # first = least recently used
+        self._slots: list[AdapterId | None] = [None] * max_loras
+        self._slot_of: dict[AdapterId, int] = {}
+        self._slot_used_at = [0] * max_loras
+        self._tick = 0
+        self._in_use: Counter[AdapterId] = Counter()
+        # adapter -> index in the waiting line of the first request that needs it
+        self._wanted: dict[AdapterId, int] = {}
+        self.stats = CacheStats()
+
+    # -- queries -------------------------------------------------------------------------
+
+    def tier(self, adapter_id: AdapterId) -> Tier:
+        if adapter_id in self._slot_of:
+            return "gpu"
+        return "cpu" if adapter_id in self._cpu else "disk"
+
+    def is_known(self, adapter_id: AdapterId) -> bool:
+        return adapter_id in self._known
+
+    def num_in_use(self, adapter_id: AdapterId) -> int:
+        return self._in_use[adapter_id]
+
+    def slot_of(self, adapter_id: AdapterId) -> int | None:
+        return self._slot_of.get(adapter_id)
+
+    @property
+    def num_occupied_slots(self) -> int:
+        return len(self._slot_of)
+
+    @property
+    def num_pinned_slots(self) -> int:
+        return sum(1 for a in self._slot_of if self._in_use[a] > 0)
+
+    @property
+    def num_cpu(self) -> int:
+        return len(self._cpu)
+
+    def can_acquire(self, adapter_id: AdapterId) -> bool:
+        return adapter_id in self._slot_of or self._evictable_slot() is not None
+
+    def drain_target(self) -> AdapterId | None:
+        """When nothing is evictable: the slot to stop feeding so that it frees soonest (fewest
+        running users, then least recently used). Stable from step to step while drained."""
+        held = [(self._in_use[a], self._slot_used_at[s], a) for s, a in enumerate(self._slots)
+                if a is not None]  # fmt: skip
+        return min(held)[2] if held else None
+
+    # -- membership ----------------------------------------------------------------------
+
+    def register(self, adapter_id: AdapterId, payload: P | None = None) -> None:
+        """Know an adapter; a payload already read (by the load endpoint) goes into the CPU
+        tier if there is room or an evictable entry."""
+        self._known.add(adapter_id)
+        if payload is not None and adapter_id not in self._cpu:
+            self._insert_cpu(adapter_id, payload, before=_NOT_WANTED)
+
+    def unregister(self, adapter_id: AdapterId) -> None:
+        if self._in_use[adapter_id]:
+            raise RuntimeError("unregister() of an adapter in use")
+        self._known.discard(adapter_id)
+        self._cpu.pop(adapter_id, None)
+        slot = self._slot_of.pop(adapter_id, None)
+        if slot is not None:
+            self._slots[slot] = None
+        self._wanted.pop(adapter_id, None)
+        del self._in_use[adapter_id]
+
+    # -- pins ----------------------------------------------------------------------------
+
+    def acquire(self, adapter_id: AdapterId) -> int:
+        """Pin the adapter in a slot for one running sequence; returns the slot. Fills the
+        slot (from CPU, or from disk) if needed; raises AdapterError if the disk read fails,
+        leaving the cache as it was."""
+        if adapter_id not in self._known:
+            raise KeyError(adapter_id)
+        slot = self._slot_of.get(adapter_id)
+        if slot is not None:
+            self.stats.gpu_hits += 1
+        else:
+            slot = self._evictable_slot()
+            if slot is None:
+                raise RuntimeError("acquire() without can_acquire(): every slot is in use")
+            payload = self._cpu_payload(adapter_id)
+            self.stats.gpu_misses += 1
+            evicted = self._slots[slot]
+            if evicted is not None:
+                del self._slot_of[evicted]
+                self.stats.gpu_evictions += 1
+            self._slots[slot] = None  # a failed copy leaves the slot empty, never half-stale
+            self._source.activate(slot, adapter_id, payload)
+            self._slots[slot] = adapter_id
+            self._slot_of[adapter_id] = slot
+        self._in_use[adapter_id] += 1
+        self._tick += 1
+        self._slot_used_at[slot] = self._tick
+        if adapter_id in self._cpu:
+            self._cpu.move_to_end(adapter_id)
+        return slot
+
+    def release(self, adapter_id: AdapterId) -> None:
+        if self._in_use[adapter_id] <= 0:
+            raise RuntimeError("release() without acquire()")
+        self._in_use[adapter_id] -= 1
+
+    # -- the waiting queue ---------------------------------------------------------------
+
+    def plan(self, waiting: Sequence[AdapterId | None]) -> None:
+        """Note which adapters the waiting line needs (in line order) and prefetch the first
+        ones that are only on disk into the CPU tier."""
+        self._wanted = {}
+        for position, adapter_id in enumerate(waiting):
+            if adapter_id is not None and adapter_id in self._known:
+                self._wanted.setdefault(adapter_id, position)
+        budget = self._prefetch_per_step
+        for adapter_id, position in sorted(self._wanted.items(), key=lambda kv: kv[1]):
+            if budget <= 0:
+                break
+            if adapter_id in self._cpu or adapter_id in self._slot_of:
+                continue
+            if len(self._cpu) >= self.max_cpu_loras and self._cpu_victim(position) is None:
+                break  # everything in the CPU tier is needed sooner
+            budget -= 1
+            try:
+                payload = self._load(adapter_id)
+            except AdapterError:
+                continue  # admission reads it again and reports the error to its requests
+            self.stats.num_prefetches += 1
+            self._insert_cpu(adapter_id, payload, before=position)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _evictable_slot(self) -> int | None:
+        best: tuple[int, int, int] | None = None
+        best_slot = None
+        for slot, adapter_id in enumerate(self._slots):
+            if adapter_id is None:
+                return slot
+            if self._in_use[adapter_id]:
+                continue
+            position = self._wanted.get(adapter_id, _NOT_WANTED)
+            key = (-position, self._slot_used_at[slot], slot)
+            if best is None or key < best:
+                best, best_slot = key, slot
+        return best_slot
+
+    def _cpu_victim(self, before: int) -> AdapterId | None:
+        """The CPU entry to drop for something needed at line position `before`: unpinned,
+        needed later than that, and preferably not wanted, not in a slot, least recent."""
+        best: tuple[int, int, int] | None = None
+        victim = None
+        for lru_index, adapter_id in enumerate(self._cpu):
+            if self._in_use[adapter_id]:
+                continue
+            position = self._wanted.get(adapter_id, _NOT_WANTED)
+            if position < before or (position == before and before != _NOT_WANTED):
+                continue
+            key = (-position, int(adapter_id in self._slot_of), lru_index)
+            if best is None or key < best:
+                best, victim = key, adapter_id
+        return victim
+
+    def _insert_cpu(self, adapter_id: AdapterId, payload: P, *, before: int) -> bool:
+        if len(self._cpu) >= self.max_cpu_loras:
+            victim = self._cpu_victim(before)
+            if victim is None:
+                return False
+            del self._cpu[victim]
+            self.stats.cpu_evictions += 1
+        self._cpu[adapter_id] = payload
+        return True
+
+    def _cpu_payload(self, adapter_id: AdapterId) -> P:
+        payload = self._cpu.get(adapter_id)
+        if payload is not None:
+            self.stats.cpu_hits += 1
+            self._cpu.move_to_end(adapter_id)
+            return payload
+        payload = self._load(adapter_id)
+        self.stats.cpu_misses += 1
+        # Being acquired now: it may displace anything unpinned, even what is wanted soon.
+        self._insert_cpu(adapter_id, payload, before=-1)
+        return payload
+
+    def _load(self, adapter_id: AdapterId) -> P:
+        start = self._clock()
+        try:
+            return self._source.load(adapter_id)
+        finally:
+            self.stats.num_loads += 1
+            self.stats.load_seconds += self._clock() - start
+
+    def check_invariants(self) -> None:
+        assert len(self._cpu) <= self.max_cpu_loras, "CPU tier over max_cpu_loras"
+        assert len(self._slots) == self.max_loras
+        assert len(self._slot_of) <= self.max_loras, "more adapters in slots than max_loras"
+        for adapter_id, slot in self._slot_of.items():
+            assert self._slots[slot] == adapter_id, "slot table out of sync"
+        for adapter_id, count in self._in_use.items():
+            assert count >= 0
+            if count:
+                assert adapter_id in self._slot_of, "an adapter in use lost its slot"
+                assert adapter_id in self._known

@@ -1,0 +1,176 @@
+"""The engine's one entry to LoRA: the adapter registry, the cache policy over the slots, and
+the per-step batch metadata. Runs on the engine loop thread, except `read`, which is pure
+(validation and disk reads) so the server can run it on a worker thread."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from lora.batch import NO_SLOT, LoRABatch, build_lora_batch
+from lora.cache import AdapterCache, Tier
+from lora.dims import BaseModelDims
+from lora.errors import AdapterConflictError, AdapterNotFoundError
+from lora.layers import LoRALayers
+from lora.loader import LoadedAdapter, LoaderLimits, load_adapter
+from lora.registry import AdapterId, AdapterRecord, AdapterRegistry, check_adapter_name
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    name: str
+    path: str
+    rank: int
+    tier: Tier
+    base_model_name: str | None
+
+
+def read_adapter(
+    path: str, *, dims: BaseModelDims, limits: LoaderLimits, pin: bool
+) -> LoadedAdapter:
+    adapter = load_adapter(path, dims, limits)
+    return adapter.pin_memory() if pin else adapter
+
+
+class LoRAManager:
+    def __init__(
+        self,
+        layers: LoRALayers,
+        dims: BaseModelDims,
+        *,
+        max_loras: int,
+        max_cpu_loras: int,
+        max_lora_rank: int,
+        device: torch.device,
+        base_model_name: str,
+    ):
+        self.layers = layers
+        self.device = device
+        self.max_rank = max_lora_rank
+        self.base_model_name = base_model_name
+        self.registry = AdapterRegistry()
+        # Pinned CPU payloads let slot copies run asynchronously on CUDA.
+        self.read: Callable[[str], LoadedAdapter] = partial(
+            read_adapter,
+            dims=dims,
+            limits=LoaderLimits(max_lora_rank=max_lora_rank),
+            pin=device.type == "cuda",
+        )
+        self.cache: AdapterCache[LoadedAdapter] = AdapterCache(
+            max_loras=max_loras, max_cpu_loras=max_cpu_loras, source=self
+        )
+        self._slot_ranks = [0] * max_loras
+        self._unloading: set[AdapterId] = set()
+
+    # -- AdapterSource (called by the cache) ---------------------------------------------
+
+    def load(self, adapter_id: AdapterId) -> LoadedAdapter:
+        return self.read(self.registry.by_id(adapter_id).path)
+
+    def activate(self, slot: int, adapter_id: AdapterId, payload: LoadedAdapter) -> None:
+        self.layers.set_slot(slot, payload)
+        self._slot_ranks[slot] = payload.rank
+
+    # -- control -------------------------------------------------------------------------
+
+    def existing(self, name: str, path: str) -> AdapterRecord | None:
+        """The record if `name` is loaded from `path` already; raises on a taken name."""
+        check_adapter_name(name, base_model_name=self.base_model_name)
+        record = self.registry.existing(name, path)
+        if record is not None and record.adapter_id in self._unloading:
+            raise AdapterConflictError(
+                f"adapter {name[:200]!r} is being unloaded; retry once it is gone",
+                param="lora_name",
+            )
+        return record
+
+    def add(
+        self,
+        name: str,
+        path: str,
+        adapter: LoadedAdapter | None = None,
+        *,
+        base_model_name: str | None = None,
+    ) -> AdapterRecord:
+        """Register an adapter (idempotent for the same name and path). `adapter` is the
+        already-read payload; None reads it here."""
+        record = self.existing(name, path)
+        if record is not None:
+            return record
+        if adapter is None:
+            adapter = self.read(path)
+        record = self.registry.add(
+            name, path, rank=adapter.rank, base_model_name=base_model_name or self.base_model_name
+        )
+        self.cache.register(record.adapter_id, adapter)
+        return record
+
+    def resolve(self, name: str) -> AdapterId:
+        record = self.registry.lookup(name)
+        if record.adapter_id in self._unloading:
+            raise AdapterNotFoundError(f"adapter {name[:200]!r} does not exist", param="model")
+        return record.adapter_id
+
+    def begin_unload(self, name: str) -> AdapterId:
+        """New requests for it are refused from now on; it goes once no sequence uses it."""
+        record = self.registry.get(name) if isinstance(name, str) else None
+        if record is None:
+            raise AdapterNotFoundError(
+                f"adapter {str(name)[:200]!r} does not exist", param="lora_name"
+            )
+        self._unloading.add(record.adapter_id)
+        return record.adapter_id
+
+    def try_finish_unload(self, adapter_id: AdapterId, *, is_used: bool) -> bool:
+        """Drop the adapter from every tier once `is_used` (any live sequence) is False; True
+        when it is gone."""
+        if adapter_id not in self._unloading:
+            return True
+        if is_used or self.cache.num_in_use(adapter_id):
+            return False
+        self.cache.unregister(adapter_id)
+        self.registry.remove(adapter_id)
+        self._unloading.discard(adapter_id)
+        return True
+
+    @property
+    def pending_unloads(self) -> frozenset[AdapterId]:
+        return frozenset(self._unloading)
+
+    def describe(self) -> list[AdapterInfo]:
+        return [
+            AdapterInfo(r.name, r.path, r.rank, self.cache.tier(r.adapter_id), r.base_model_name)
+            for r in self.registry.records()
+            if r.adapter_id not in self._unloading
+        ]
+
+    # -- the step ------------------------------------------------------------------------
+
+    def batch_for(
+        self,
+        adapter_ids: Sequence[AdapterId | None],
+        num_tokens: Sequence[int],
+        *,
+        num_decodes: int,
+    ) -> LoRABatch | None:
+        """The step's metadata; every adapter here is acquired (holds a slot)."""
+        slots = []
+        for adapter_id in adapter_ids:
+            if adapter_id is None:
+                slots.append(NO_SLOT)
+                continue
+            slot = self.cache.slot_of(adapter_id)
+            if slot is None:
+                raise RuntimeError("a scheduled sequence's adapter holds no slot")
+            slots.append(slot)
+        return build_lora_batch(
+            slots,
+            num_tokens,
+            num_decodes=num_decodes,
+            slot_ranks=self._slot_ranks,
+            max_rank=self.max_rank,
+            device=self.device,
+        )

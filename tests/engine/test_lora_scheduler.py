@@ -1,0 +1,184 @@
+"""The scheduler with adapter slots (no model): a batch never holds more distinct adapters than
+max_loras, a request whose adapter gets no slot waits without holding up others and within the
+aging bound, every request is eventually served (hypothesis), an unreadable adapter fails only
+its own requests."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.outputs import FinishReason, SchedulerOutput
+from engine.scheduler import Scheduler
+from lora.cache import AdapterCache
+from lora.registry import AdapterId
+from tests.engine.sched_sim import Sim
+from tests.lora.fake_source import FakeSource
+
+
+def lora_sim(
+    *,
+    max_loras: int,
+    max_cpu_loras: int | None = None,
+    num_adapters: int = 8,
+    num_blocks: int = 1024,
+    block_size: int = 4,
+    **config: object,
+) -> tuple[Sim, AdapterCache[str], FakeSource]:
+    cpu = max_cpu_loras if max_cpu_loras is not None else max_loras
+    engine_config = EngineConfig(
+        model="unused",
+        block_size=block_size,
+        max_loras=max_loras,
+        max_cpu_loras=cpu,
+        **config,  # type: ignore[arg-type]
+    )
+    source = FakeSource()
+    cache: AdapterCache[str] = AdapterCache(max_loras=max_loras, max_cpu_loras=cpu, source=source)
+    for i in range(1, num_adapters + 1):
+        cache.register(AdapterId(i))
+    scheduler = Scheduler(engine_config, BlockManager(num_blocks, block_size), cache)
+    return Sim(scheduler), cache, source
+
+
+def distinct_adapters(out: SchedulerOutput) -> set[int]:
+    return {s.seq.adapter_id for s in out.scheduled if s.seq.adapter_id is not None}
+
+
+def run_checked(sim: Sim, cache: AdapterCache[str], max_steps: int = 5000) -> int:
+    for step in range(max_steps):
+        if not sim.scheduler.num_unfinished:
+            return step
+        out = sim.step()
+        assert len(distinct_adapters(out)) <= cache.max_loras
+        cache.check_invariants()
+        running = {s.adapter_id for s in sim.scheduler.running if s.adapter_id is not None}
+        assert all(cache.slot_of(AdapterId(a)) is not None for a in running)
+    raise AssertionError("did not finish")
+
+
+def test_batch_never_holds_more_adapters_than_slots():
+    sim, cache, _ = lora_sim(max_loras=2, max_cpu_loras=3)
+    for i in range(24):
+        sim.add(f"r{i}", 6, max_tokens=3 + i % 4, adapter_id=1 + i % 6)
+    for i in range(6):
+        sim.add(f"base{i}", 6, max_tokens=3)
+    run_checked(sim, cache)
+    assert len(sim.finished) == 30
+    assert cache.stats.gpu_evictions > 0 and cache.num_pinned_slots == 0
+
+
+def test_blocked_adapter_does_not_hold_up_others_and_gets_the_next_free_slot():
+    sim, _, _ = lora_sim(max_loras=1)
+    sim.add("a0", 4, max_tokens=6, adapter_id=1)
+    sim.step()  # a0 runs and pins the only slot
+    sim.add("b", 4, max_tokens=2, adapter_id=2)  # no slot for adapter 2
+    sim.add("base", 4, max_tokens=2)  # behind b in line, no adapter
+    sim.add("a1", 4, max_tokens=2, adapter_id=1)  # behind b, would pin adapter 1 again
+    out = sim.step()
+    names = {s.seq.request.request_id for s in out.scheduled}
+    assert "base" in names, "the base request behind the blocked one must run"
+    assert "b" not in names and "a1" not in names, "a1 must not re-pin the slot b waits for"
+    sim.run()
+    order = sim.finish_order()
+    assert order.index("b") < order.index("a1")
+
+
+def test_slot_held_for_a_waiting_adapter_is_not_retaken_by_later_requests():
+    sim, _, _ = lora_sim(max_loras=1)
+    sim.add("a0", 4, max_tokens=4, adapter_id=1)
+    sim.step()
+    sim.add("b", 4, max_tokens=1, adapter_id=2)
+    for step in range(20):  # a steady stream for adapter 1 arriving after b
+        sim.add(f"a{step + 1}", 4, max_tokens=4, adapter_id=1)
+        sim.step()
+        if "b" in sim.finish_step:
+            break
+    assert "b" in sim.finish_step and sim.finish_step["b"] <= 8
+
+
+def test_aging_bounds_the_wait_of_a_request_whose_adapter_has_no_slot():
+    aging_steps, priority = 4, 6
+    sim, _, _ = lora_sim(max_loras=1, aging_steps=aging_steps, max_num_seqs=4)
+    sim.add("old", 4, max_tokens=2, priority=priority, adapter_id=2)
+    for step in range(400):
+        sim.add(f"s{step}a", 4, max_tokens=2, adapter_id=1)
+        sim.add(f"s{step}b", 4, max_tokens=2, adapter_id=1)
+        sim.step()
+        if "old" in sim.finish_step:
+            break
+    newcomer_bound = (priority + 1) * aging_steps
+    assert "old" in sim.finish_step
+    assert sim.finish_step["old"] <= 3 * newcomer_bound + 4
+
+
+def test_unreadable_adapter_fails_its_request_only():
+    sim, _, source = lora_sim(max_loras=2)
+    source.unreadable.add(AdapterId(3))
+    sim.add("ok", 4, max_tokens=2, adapter_id=1)
+    bad = sim.add("bad", 4, max_tokens=2, adapter_id=3)
+    out = sim.step()
+    assert [f.seq for f in out.failed] == [bad]
+    assert bad.finish_reason is FinishReason.ERROR and "vanished" in out.failed[0].message
+    sim.run()
+    assert sim.finish_order() == ["ok"]
+    assert sim.block_manager.num_free_blocks == sim.block_manager.num_blocks
+
+
+def test_preemption_releases_the_adapter_slot():
+    # 12 blocks of 4 tokens: four requests of 8 + 12 tokens cannot all run at once.
+    sim, cache, _ = lora_sim(max_loras=4, num_blocks=12)
+    seqs = [sim.add(f"r{i}", 8, max_tokens=12, adapter_id=1 + i) for i in range(4)]
+    run_checked(sim, cache)
+    assert sim.scheduler.num_preemptions > 0 and any(s.num_preemptions for s in seqs)
+    assert cache.num_pinned_slots == 0
+
+
+request_st = st.tuples(
+    st.integers(0, 5),  # adapter (0 = base model)
+    st.integers(1, 24),  # prompt length
+    st.integers(1, 8),  # max tokens
+    st.integers(-2, 2),  # priority
+    st.integers(0, 30),  # arrival step
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    requests=st.lists(request_st, min_size=1, max_size=24),
+    max_loras=st.integers(1, 3),
+    extra_cpu=st.integers(0, 2),
+    num_blocks=st.integers(12, 64),
+    policy=st.sampled_from(["priority", "fcfs"]),
+)
+def test_every_request_is_served_within_the_slot_limit(
+    requests, max_loras, extra_cpu, num_blocks, policy
+):
+    sim, cache, _ = lora_sim(
+        max_loras=max_loras,
+        max_cpu_loras=max_loras + extra_cpu,
+        num_blocks=num_blocks,
+        max_num_seqs=6,
+        max_num_batched_tokens=32,
+        aging_steps=4,
+        policy=policy,
+    )
+    pending = sorted(enumerate(requests), key=lambda item: item[1][4])
+    step = 0
+    while pending or sim.scheduler.num_unfinished:
+        while pending and pending[0][1][4] <= step:
+            i, (adapter, prompt, max_tokens, priority, _) = pending.pop(0)
+            sim.add(
+                f"r{i}", prompt, max_tokens=max_tokens,
+                priority=priority if policy == "priority" else 0,
+                adapter_id=adapter or None,
+            )  # fmt: skip
+        out = sim.step()
+        assert len(distinct_adapters(out)) <= max_loras
+        cache.check_invariants()
+        step += 1
+        assert step < 3000, "a request was never served"
+    assert sorted(sim.finish_order()) == sorted(f"r{i}" for i in range(len(requests)))
+    assert cache.num_pinned_slots == 0
