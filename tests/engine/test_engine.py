@@ -21,8 +21,18 @@ def make_engine(model_dir, **overrides) -> LLMEngine:  # type: ignore[no-untyped
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir) -> LLMEngine:  # type: ignore[no-untyped-def]
+def shared_engine(tiny_model_dir) -> LLMEngine:  # type: ignore[no-untyped-def]
     return make_engine(tiny_model_dir)
+
+
+@pytest.fixture
+def engine(shared_engine: LLMEngine):  # type: ignore[no-untyped-def]
+    """The module's engine; after every test nothing is in flight and the KV accounting holds."""
+    yield shared_engine
+    assert not shared_engine.has_unfinished_requests()
+    shared_engine.check_invariants()
+    manager = shared_engine.block_manager
+    assert manager.num_free_blocks == manager.num_blocks
 
 
 def test_seeded_request_gives_the_same_tokens_alone_and_in_a_batch_of_16(engine):
