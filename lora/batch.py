@@ -9,6 +9,7 @@ the calls per layer. A batch in which no token uses an adapter gets no LoRABatch
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,7 +24,9 @@ NO_SLOT = -1
 @dataclass(frozen=True)
 class LoRAPart:
     rows: slice  # rows of the flat batch this part covers
-    meta: LoRAKernelMeta
+    # metas[n - 1]: for a wrapper fusing n sub-projections (stacks of n * max_rank, a slot's
+    # rank n * its adapter's rank); same tokens and slots in each
+    metas: tuple[LoRAKernelMeta, ...]
     form: LoRAForm
 
 
@@ -40,10 +43,13 @@ def build_lora_batch(
     num_decodes: int,
     slot_ranks: Sequence[int],
     max_rank: int,
+    max_fused: int,
     device: torch.device,
+    split_forms: bool | None = None,
 ) -> LoRABatch | None:
     """`seq_slots[i]` (NO_SLOT = base model) applies to the `seq_num_tokens[i]` tokens of the
-    i-th scheduled sequence in flat-batch order; the first `num_decodes` are decodes."""
+    i-th scheduled sequence in flat-batch order; the first `num_decodes` are decodes.
+    `split_forms` (default: off the CPU) gives decode and prefill rows a part each."""
     if all(slot == NO_SLOT for slot in seq_slots):
         return None
     token_slots: list[int] = []
@@ -51,7 +57,7 @@ def build_lora_batch(
         token_slots += [slot] * num_tokens
     num_tokens = len(token_slots)
     spans: list[tuple[int, int, LoRAForm]]
-    if device.type == "cpu":
+    if not (device.type != "cpu" if split_forms is None else split_forms):
         spans = [(0, num_tokens, "segmented")]
     else:
         spans = [(0, num_decodes, "gathered"), (num_decodes, num_tokens, "segmented")]
@@ -61,5 +67,9 @@ def build_lora_batch(
         if all(slot == NO_SLOT for slot in rows):
             continue
         meta = LoRAKernelMeta.build(rows, slot_ranks, max_rank, device)
-        parts.append(LoRAPart(slice(start, end), meta, form))
+        metas = [meta]
+        for n in range(2, max_fused + 1):
+            ranks = torch.tensor([n * r for r in slot_ranks], dtype=torch.int32).to(device)
+            metas.append(dataclasses.replace(meta, slot_ranks=ranks, max_rank=n * max_rank))
+        parts.append(LoRAPart(slice(start, end), tuple(metas), form))
     return LoRABatch(tuple(parts), num_tokens)

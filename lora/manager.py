@@ -172,5 +172,6 @@ class LoRAManager:
             num_decodes=num_decodes,
             slot_ranks=self._slot_ranks,
             max_rank=self.max_rank,
+            max_fused=self.layers.max_fused,
             device=self.device,
         )

@@ -1,0 +1,131 @@
+"""lora/layers.py and lora/batch.py: the fused wrapper adds exactly each token's own adapter
+delta (mixed ranks, untargeted sub-projections, base tokens, decode and prefill parts), and a
+batch without adapters runs no LoRA op at all."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lora.batch import NO_SLOT, build_lora_batch
+from lora.dims import BaseModelDims
+from lora.layers import LoRALayers
+from lora.loader import LoadedAdapter, LoraWeights
+from lora.peft_config import PeftLoraConfig
+
+DIMS = BaseModelDims(num_layers=2, hidden_size=32, q_size=32, kv_size=16, intermediate_size=48)
+LAYOUT = {"attn.qkv": ("q_proj", "k_proj", "v_proj"), "mlp.down": ("down_proj",)}
+MAX_RANK = 8
+
+
+class Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.Module()
+        self.attn.qkv = nn.Linear(32, 32 + 2 * 16)
+        self.mlp = nn.Module()
+        self.mlp.down = nn.Linear(48, 32)
+
+
+def adapter(seed: int, rank: int, modules: dict[str, int]) -> LoadedAdapter:
+    gen = torch.Generator().manual_seed(seed)
+    weights = {}
+    for layer in range(2):
+        for module, r in modules.items():
+            d_in, d_out = DIMS.in_out(module)
+            weights[(layer, module)] = LoraWeights(
+                torch.randn(r, d_in, generator=gen), torch.randn(d_out, r, generator=gen)
+            )
+    config = PeftLoraConfig(rank, rank, False, (), (), frozenset(modules), None)
+    return LoadedAdapter(rank, weights, config)
+
+
+def expected_delta(adapter: LoadedAdapter | None, layer: int, subs: tuple[str, ...], x):  # type: ignore[no-untyped-def]
+    parts = []
+    for module in subs:
+        width = DIMS.in_out(module)[1]
+        w = None if adapter is None else adapter.modules.get((layer, module))
+        parts.append(torch.zeros(x.shape[0], width) if w is None else x @ w.lora_a.T @ w.lora_b.T)
+    return torch.cat(parts, dim=1)
+
+
+@pytest.mark.parametrize("split_forms", [False, True])
+def test_fused_wrapper_adds_each_tokens_own_delta(split_forms: bool):
+    torch.manual_seed(0)
+    layers = [Layer(), Layer()]
+    bases = [(l.attn.qkv, l.mlp.down) for l in layers]  # noqa: E741
+    lora = LoRALayers(layers, LAYOUT, DIMS, max_loras=3, max_rank=MAX_RANK)
+    adapters = {
+        0: adapter(1, 8, {"q_proj": 8, "k_proj": 4, "v_proj": 8, "down_proj": 2}),
+        1: adapter(2, 4, {"q_proj": 4, "v_proj": 4}),  # no k, no down
+        2: adapter(3, 2, {"down_proj": 2}),
+    }
+    for slot, a in adapters.items():
+        lora.set_slot(slot, a)
+    # 3 decodes (slots 1, -1, 0), then prefill chunks of 4 (slot 2) and 3 (slot 0) tokens
+    seq_slots, seq_tokens = [1, NO_SLOT, 0, 2, 0], [1, 1, 1, 4, 3]
+    batch = build_lora_batch(
+        seq_slots, seq_tokens, num_decodes=3, slot_ranks=[8, 4, 2], max_rank=MAX_RANK,
+        max_fused=3, device=torch.device("cpu"), split_forms=split_forms,
+    )  # fmt: skip
+    assert batch is not None and len(batch.parts) == (2 if split_forms else 1)
+    token_slots = [s for s, n in zip(seq_slots, seq_tokens, strict=True) for _ in range(n)]
+    x = torch.randn(len(token_slots), 32)
+    h = torch.randn(len(token_slots), 48)
+    lora.context.batch = batch
+    with torch.no_grad():
+        for layer_index, layer in enumerate(layers):
+            qkv_base, down_base = bases[layer_index]
+            got_qkv, got_down = layer.attn.qkv(x), layer.mlp.down(h)
+            for t, slot in enumerate(token_slots):
+                a = adapters.get(slot)
+                want_qkv = qkv_base(x[t : t + 1]) + expected_delta(
+                    a, layer_index, LAYOUT["attn.qkv"], x[t : t + 1]
+                )
+                want_down = down_base(h[t : t + 1]) + expected_delta(
+                    a, layer_index, ("down_proj",), h[t : t + 1]
+                )
+                torch.testing.assert_close(got_qkv[t : t + 1], want_qkv, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(got_down[t : t + 1], want_down, rtol=1e-5, atol=1e-5)
+    # Clearing a slot leaves the base layer alone for its tokens.
+    lora.set_slot(0, None)
+    lora.context.batch = build_lora_batch(
+        [0], [2], num_decodes=0, slot_ranks=[0, 4, 2], max_rank=MAX_RANK, max_fused=3,
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    with torch.no_grad():
+        torch.testing.assert_close(layers[0].attn.qkv(x[:2]), bases[0][0](x[:2]))
+
+
+def test_batch_without_adapters_runs_no_lora_op(monkeypatch: pytest.MonkeyPatch):
+    assert build_lora_batch(
+        [NO_SLOT, NO_SLOT], [1, 5], num_decodes=1, slot_ranks=[8], max_rank=8, max_fused=3,
+        device=torch.device("cpu"),
+    ) is None  # fmt: skip
+    layers = [Layer()]
+    lora = LoRALayers(layers, LAYOUT, DIMS, max_loras=1, max_rank=MAX_RANK)
+    lora.set_slot(0, adapter(1, 8, {"q_proj": 8}))
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a LoRA op ran")
+
+    monkeypatch.setattr("lora.layers.lora_shrink", forbidden)
+    monkeypatch.setattr("lora.layers.lora_expand", forbidden)
+    with torch.no_grad():
+        layers[0].attn.qkv(torch.randn(3, 32))  # context.batch is None
+        # An adapter that does not target down_proj launches nothing there either.
+        lora.context.batch = build_lora_batch(
+            [0], [3], num_decodes=0, slot_ranks=[8], max_rank=8, max_fused=3,
+            device=torch.device("cpu"),
+        )  # fmt: skip
+        layers[0].mlp.down(torch.randn(3, 48))
+
+
+def test_wrapping_checks_the_layout():
+    with pytest.raises(ValueError, match="fused widths"):
+        LoRALayers([Layer()], {"attn.qkv": ("q_proj", "k_proj")}, DIMS, max_loras=1, max_rank=4)
+    with pytest.raises(ValueError, match="exceeds max_lora_rank"):
+        LoRALayers([Layer()], LAYOUT, DIMS, max_loras=1, max_rank=4).set_slot(
+            0, adapter(1, 8, {"q_proj": 8})
+        )
