@@ -28,7 +28,7 @@ from engine.outputs import (
 )
 from engine.request import EngineRequest, RequestId
 from engine.sampler import Sampler, SamplingRow
-from engine.scheduler import Scheduler
+from engine.scheduler import Scheduler, adapter_of
 from engine.sequence import Sequence
 from lora.errors import AdapterError
 from lora.manager import LoRAManager
@@ -378,9 +378,7 @@ class LLMEngine:
     def _finish_unloads(self) -> None:
         if self.lora is None or not self.lora.pending_unloads:
             return
-        used = {s.adapter_id for s in self.scheduler.live_sequences()}
-        for adapter_id in self.lora.pending_unloads:
-            self.lora.try_finish_unload(adapter_id, is_used=adapter_id in used)
+        self.lora.finish_unloads({adapter_of(s) for s in self.scheduler.live_sequences()})
 
     # -- introspection -------------------------------------------------------------------
 

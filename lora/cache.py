@@ -7,6 +7,7 @@ payload -> slot), so tests drive it with stand-in payloads. Invariants (check_in
 - an adapter in use by a running sequence holds a slot, and neither its slot nor its CPU
   payload (if it has one) is evicted until its last user releases it (in use <= max_loras <=
   max_cpu_loras, so an evictable CPU entry always exists when a slot is being filled);
+- an adapter marked for removal leaves every tier only once no live sequence uses it;
 - eviction prefers what no waiting request needs, then what is needed latest, then the least
   recently used; `plan` (once per step, with the waiting queue's adapters in line order)
   records that and prefetches the next needed adapters from disk into the CPU tier.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
@@ -77,6 +78,7 @@ class AdapterCache(Generic[P]):
         self._slot_used_at = [0] * max_loras
         self._tick = 0
         self._in_use: Counter[AdapterId] = Counter()
+        self._unloading: set[AdapterId] = set()
         # adapter -> index in the waiting line of the first request that needs it
         self._wanted: dict[AdapterId, int] = {}
         self.stats = CacheStats()
@@ -128,9 +130,30 @@ class AdapterCache(Generic[P]):
         if payload is not None and adapter_id not in self._cpu:
             self._insert_cpu(adapter_id, payload, before=_NOT_WANTED)
 
+    def begin_unregister(self, adapter_id: AdapterId) -> None:
+        """Mark for removal: it goes (finish_unregisters) once no live sequence uses it."""
+        if adapter_id in self._known:
+            self._unloading.add(adapter_id)
+
+    def is_unloading(self, adapter_id: AdapterId) -> bool:
+        return adapter_id in self._unloading
+
+    @property
+    def unloading(self) -> frozenset[AdapterId]:
+        return frozenset(self._unloading)
+
+    def finish_unregisters(self, live: Collection[AdapterId | None]) -> list[AdapterId]:
+        """Unregister every adapter marked for removal that neither a running sequence (a pin)
+        nor any other live (waiting) sequence uses; returns those removed."""
+        done = [a for a in self._unloading if not self._in_use[a] and a not in live]
+        for adapter_id in done:
+            self.unregister(adapter_id)
+        return done
+
     def unregister(self, adapter_id: AdapterId) -> None:
         if self._in_use[adapter_id]:
             raise RuntimeError("unregister() of an adapter in use")
+        self._unloading.discard(adapter_id)
         self._known.discard(adapter_id)
         self._cpu.pop(adapter_id, None)
         slot = self._slot_of.pop(adapter_id, None)

@@ -4,7 +4,7 @@ the per-step batch metadata. Runs on the engine loop thread, except `read`, whic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -63,7 +63,6 @@ class LoRAManager:
             max_loras=max_loras, max_cpu_loras=max_cpu_loras, source=self
         )
         self._slot_ranks = [0] * max_loras
-        self._unloading: set[AdapterId] = set()
 
     # -- AdapterSource (called by the cache) ---------------------------------------------
 
@@ -80,7 +79,7 @@ class LoRAManager:
         """The record if `name` is loaded from `path` already; raises on a taken name."""
         check_adapter_name(name, base_model_name=self.base_model_name)
         record = self.registry.existing(name, path)
-        if record is not None and record.adapter_id in self._unloading:
+        if record is not None and self.cache.is_unloading(record.adapter_id):
             raise AdapterConflictError(
                 f"adapter {name[:200]!r} is being unloaded; retry once it is gone",
                 param="lora_name",
@@ -110,7 +109,7 @@ class LoRAManager:
 
     def resolve(self, name: str) -> AdapterId:
         record = self.registry.lookup(name)
-        if record.adapter_id in self._unloading:
+        if self.cache.is_unloading(record.adapter_id):
             raise AdapterNotFoundError(f"adapter {name[:200]!r} does not exist", param="model")
         return record.adapter_id
 
@@ -121,30 +120,24 @@ class LoRAManager:
             raise AdapterNotFoundError(
                 f"adapter {str(name)[:200]!r} does not exist", param="lora_name"
             )
-        self._unloading.add(record.adapter_id)
+        self.cache.begin_unregister(record.adapter_id)
         return record.adapter_id
 
-    def try_finish_unload(self, adapter_id: AdapterId, *, is_used: bool) -> bool:
-        """Drop the adapter from every tier once `is_used` (any live sequence) is False; True
-        when it is gone."""
-        if adapter_id not in self._unloading:
-            return True
-        if is_used or self.cache.num_in_use(adapter_id):
-            return False
-        self.cache.unregister(adapter_id)
-        self.registry.remove(adapter_id)
-        self._unloading.discard(adapter_id)
-        return True
+    def finish_unloads(self, live: Collection[AdapterId | None]) -> None:
+        """Drop the adapters being unloaded that no live sequence (`live`: their adapters)
+        uses any more."""
+        for adapter_id in self.cache.finish_unregisters(live):
+            self.registry.remove(adapter_id)
 
     @property
     def pending_unloads(self) -> frozenset[AdapterId]:
-        return frozenset(self._unloading)
+        return self.cache.unloading
 
     def describe(self) -> list[AdapterInfo]:
         return [
             AdapterInfo(r.name, r.path, r.rank, self.cache.tier(r.adapter_id), r.base_model_name)
             for r in self.registry.records()
-            if r.adapter_id not in self._unloading
+            if not self.cache.is_unloading(r.adapter_id)
         ]
 
     # -- the step ------------------------------------------------------------------------

@@ -136,6 +136,55 @@ def test_preemption_releases_the_adapter_slot():
     assert cache.num_pinned_slots == 0
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    requests=st.lists(st.tuples(
+        st.integers(1, 4), st.integers(1, 16), st.integers(1, 6), st.integers(0, 20)
+    ), min_size=1, max_size=20),
+    unloads=st.lists(st.tuples(st.integers(1, 4), st.integers(0, 20)), max_size=4),
+    max_loras=st.integers(1, 3),
+)  # fmt: skip
+def test_unloading_waits_for_every_live_user(requests, unloads, max_loras):
+    """An unload refuses new requests at once, but the adapter leaves only after its last
+    running or waiting sequence finished; every unload completes."""
+    sim, cache, _ = lora_sim(max_loras=max_loras, max_cpu_loras=max_loras + 1, max_num_seqs=4)
+    arrivals = sorted(enumerate(requests), key=lambda item: item[1][3])
+    pending_unloads = sorted(unloads, key=lambda u: u[1])
+    removed_at: dict[int, int] = {}
+    admitted: list[str] = []
+    step = 0
+    while arrivals or pending_unloads or sim.scheduler.num_unfinished:
+        while pending_unloads and pending_unloads[0][1] <= step:
+            cache.begin_unregister(AdapterId(pending_unloads.pop(0)[0]))
+        while arrivals and arrivals[0][1][3] <= step:
+            i, (adapter, prompt, max_tokens, _) = arrivals.pop(0)
+            if cache.is_known(AdapterId(adapter)) and not cache.is_unloading(AdapterId(adapter)):
+                sim.add(f"r{i}", prompt, max_tokens=max_tokens, adapter_id=adapter)  # else: 404
+                admitted.append(f"r{i}")
+        out = sim.step()
+        for item in out.scheduled:
+            assert item.seq.adapter_id not in removed_at, "ran with an unloaded adapter"
+        live = {AdapterId(s.adapter_id) for s in sim.scheduler.live_sequences() if s.adapter_id}
+        for adapter_id in cache.finish_unregisters(live):
+            assert adapter_id not in live
+            removed_at[adapter_id] = sim.scheduler.num_steps  # the numbering finish_step uses
+        cache.check_invariants()
+        step += 1
+        assert step < 2000
+    assert sorted(sim.finish_order()) == sorted(admitted)
+    assert not cache.unloading, "an unload never completed"
+    for adapter_id, removed_step in removed_at.items():
+        last_use = max(
+            (
+                sim.finish_step[s.request.request_id]
+                for s in sim.finished
+                if s.adapter_id == adapter_id
+            ),
+            default=-1,
+        )
+        assert last_use <= removed_step
+
+
 request_st = st.tuples(
     st.integers(0, 5),  # adapter (0 = base model)
     st.integers(1, 24),  # prompt length

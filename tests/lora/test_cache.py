@@ -179,6 +179,24 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache.unregister(adapter)
         self.known.discard(adapter)
 
+    @precondition(lambda self: self.cache is not None)
+    @rule(adapter=st.sampled_from(A))
+    def begin_unregister(self, adapter: AdapterId) -> None:
+        assert self.cache is not None
+        self.cache.begin_unregister(adapter)
+
+    @precondition(lambda self: self.cache is not None)
+    @rule(waiting=st.sets(st.sampled_from(A), max_size=4))
+    def finish_unregisters(self, waiting: set[AdapterId]) -> None:
+        """`waiting`: adapters that waiting (not yet running) sequences still need."""
+        assert self.cache is not None
+        live = waiting | set(self.counts)
+        removed = self.cache.finish_unregisters(live)
+        assert not set(removed) & live, "an adapter in use was unloaded"
+        self.known -= set(removed)
+        for adapter in removed:
+            assert self.cache.tier(adapter) == "disk" and not self.cache.is_known(adapter)
+
     @invariant()
     def tiers_are_bounded_and_pins_hold(self) -> None:
         cache = self.cache
