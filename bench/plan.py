@@ -36,7 +36,7 @@ FULL = Plan(
     # sequence to the batch's longest context, which eats the larger batch's matmul gain).
     max_num_seqs=64,
     max_num_batched_tokens=2048,
-    hf_requests=((1, 8), (16, 32), (64, None)),
+    hf_requests=((1, 4), (16, 32), (64, None)),
     matmul_sizes=(1024, 2048, 4096),
 )
 
