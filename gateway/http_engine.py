@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from engine.protocol import GenerateRequest, GenerateResponse
 from gateway.engine_api import EngineStreamError
 from gateway.errors import BadRequest, EngineFailed, EngineOverloaded, ModelNotFound
+from gateway.http_wire import Pool, Response, WireError
 from gateway.policy import AdapterRef
 from gateway.replicas import Replica, adapter_tiers, route
 from gateway.settings import GatewaySettings
@@ -34,7 +35,6 @@ from tenancy.errors import TenancyError
 log = logging.getLogger(__name__)
 
 GENERATE = "/inference/v1/generate"
-_RETRYABLE = (httpx.TransportError,)
 
 
 class _TryNext(Exception):
@@ -76,7 +76,7 @@ class HttpStream:
         client: HttpEngineClient,
         replica: Replica,
         request_id: str,
-        response: httpx.Response,
+        response: Response,
         lines: AsyncIterator[str],
         first: GenerateResponse,
     ) -> None:
@@ -99,24 +99,29 @@ class HttpStream:
         while True:
             try:
                 event = await _next_event(self._lines)
-            except (httpx.HTTPError, EngineStreamError) as exc:
+            except EngineStreamError:
+                raise  # an error event: the request failed, the replica may be fine
+            except WireError:
                 self._client.mark_failed(self._replica)
-                message = exc.message if isinstance(exc, EngineStreamError) else None
-                raise EngineStreamError(
-                    message or "The engine replica failed mid-stream."
-                ) from None
+                raise EngineStreamError("The engine replica failed mid-stream.") from None
             if event is None:
                 self._done = True
+                await self._drain()
                 return
             yield event
+
+    async def _drain(self) -> None:
+        """Read to the end of the body, so the connection goes back to the pool."""
+        with contextlib.suppress(WireError):
+            async for _ in self._lines:
+                pass
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
         self._replica.outstanding -= 1
-        with contextlib.suppress(httpx.HTTPError):
-            await self._response.aclose()
+        self._response.close()
         if not self._done:
             self._client.abort_later(self._replica, self._request_id)
 
@@ -158,6 +163,9 @@ class HttpEngineClient:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.replicas = [Replica(index=i, url=url) for i, url in enumerate(urls)]
+        self._pools = [
+            Pool(url, connect_timeout_s=connect_timeout_s, max_idle=max_connections) for url in urls
+        ]
         self._vllm = vllm
         self._vllm_priority = vllm_priority
         self._admin_headers = {"authorization": f"Bearer {admin_token}"} if admin_token else {}
@@ -206,6 +214,8 @@ class HttpEngineClient:
                 await self._poller
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        for pool in self._pools:
+            pool.close()
         await self._http.aclose()
 
     async def check_ready(self) -> dict[str, bool]:
@@ -281,26 +291,29 @@ class HttpEngineClient:
             if adapter is not None and replica.adapter_rank(adapter.engine_name) == 0:
                 await self._load_adapter(replica, adapter)
             response = await self._send(replica, body)
-            if response.status_code == 404 and adapter is not None:
-                await response.aclose()  # the replica lost the adapter (restart): load, retry
+            if response.status == 404 and adapter is not None:
+                await self._discard(response)  # the replica lost the adapter (restart): reload
                 replica.adapters.pop(adapter.engine_name, None)
                 await self._load_adapter(replica, adapter)
                 response = await self._send(replica, body)
-            if response.status_code != 200:
-                error = _error_for(response.status_code, await response.aread())
-                await response.aclose()
-                if response.status_code >= 500:
+            if response.status != 200:
+                try:
+                    error = _error_for(response.status, await response.read())
+                except WireError:
+                    error = EngineFailed("The engine failed.", status_code=502)
+                response.close()
+                if response.status >= 500:
                     raise _TryNext(error)
                 raise error
-            lines = response.aiter_lines()
+            lines = response.lines()
             try:
                 first = await _next_event(lines)
-            except (httpx.HTTPError, EngineStreamError) as exc:
-                await response.aclose()
+            except (WireError, EngineStreamError) as exc:
+                response.close()
                 self.mark_failed(replica)
                 raise _TryNext(EngineFailed("The engine failed.", status_code=502)) from exc
             if first is None:
-                await response.aclose()
+                response.close()
                 raise _TryNext(EngineFailed("The engine ended the stream early.", status_code=502))
             handed_over = True
             return HttpStream(self, replica, request.request_id, response, lines, first)
@@ -308,17 +321,17 @@ class HttpEngineClient:
             if not handed_over:
                 replica.outstanding -= 1
 
-    async def _send(self, replica: Replica, body: bytes) -> httpx.Response:
+    async def _send(self, replica: Replica, body: bytes) -> Response:
         try:
-            return await self._http.send(
-                self._http.build_request(
-                    "POST",
-                    replica.url + GENERATE,
-                    content=body,
-                    headers={"content-type": "application/json"},
-                ),
-                stream=True,
+            return await self._pools[replica.index].post(
+                GENERATE, body, content_type="application/json"
             )
-        except _RETRYABLE as exc:
+        except WireError as exc:
             self.mark_failed(replica)
             raise _TryNext(EngineFailed("The engine is unreachable.", status_code=502)) from exc
+
+    @staticmethod
+    async def _discard(response: Response) -> None:
+        with contextlib.suppress(WireError):
+            await response.read()
+        response.close()

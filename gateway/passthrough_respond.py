@@ -15,7 +15,7 @@ from gateway.engine_client import check_sampling
 from gateway.errors import BadRequest, ContextLengthExceeded, EngineFailed
 from gateway.inference import InferenceRun
 from gateway.passthrough import Collector, Relay, policy_request
-from gateway.streaming import EventStreamResponse, unless_disconnected
+from gateway.streaming import EventStreamResponse, FinishingResponse, unless_disconnected
 
 
 def engine_request(
@@ -68,12 +68,15 @@ async def _whole(run: InferenceRun, request: GenerateRequest, wire: GenerateRequ
         except EngineStreamError:
             relay.failed = True
             raise EngineFailed("The engine failed while generating.") from None
-        body = collector.response().model_dump_json()
-    finally:
+        body = collector.response().model_dump_json().encode()
+    except BaseException:
         if stream is not None:
             await stream.aclose()
         await run.finish()
-    return Response(body, media_type="application/json", headers=run.headers())
+        raise
+    await stream.aclose()
+    # Settlement and the usage record run once the answer is on its way.
+    return FinishingResponse(body, headers=run.headers(), on_sent=run.finish)
 
 
 async def _events(

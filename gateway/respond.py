@@ -7,11 +7,12 @@ status; after that, an engine failure is an error event followed by `[DONE]`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from gateway.choices import ChoiceDelta
 from gateway.coordinator import GenerationPlan
@@ -20,7 +21,13 @@ from gateway.errors import EngineFailed
 from gateway.generation import Generation
 from gateway.inference import InferenceRun
 from gateway.render import JSON, error_event
-from gateway.streaming import SSE_DONE, EventStreamResponse, sse, unless_disconnected
+from gateway.streaming import (
+    SSE_DONE,
+    EventStreamResponse,
+    FinishingResponse,
+    sse,
+    unless_disconnected,
+)
 
 
 class Renderer(Protocol):
@@ -48,12 +55,15 @@ async def _whole(run: InferenceRun, plan: GenerationPlan, renderer: Renderer) ->
                 renderer.add(deltas)
         except EngineStreamError:
             raise EngineFailed("The engine failed while generating.") from None
-        body = renderer.body(generation)
-    finally:
+        body = json.dumps(renderer.body(generation), separators=(",", ":")).encode()
+    except BaseException:
         if generation is not None:
             await generation.aclose()
         await run.finish()
-    return JSONResponse(body, headers=run.headers())
+        raise
+    await generation.aclose()
+    # Settlement and the usage record run once the answer is on its way.
+    return FinishingResponse(body, headers=run.headers(), on_sent=run.finish)
 
 
 async def _events(

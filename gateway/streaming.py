@@ -1,4 +1,5 @@
-"""Server-sent events to clients, and noticing clients that leave.
+"""Server-sent events to clients, noticing clients that leave, and responses that finish the
+request's bookkeeping once they are sent.
 
 `EventStreamResponse` sends the events of an async iterator while listening for the client's
 disconnect; whichever way the stream ends (done, error, client gone), the iterator is closed,
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, Awaitable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import anyio
@@ -53,6 +54,26 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     if work_task.cancelled():
         raise ClientGone()
     return work_task.result()
+
+
+class FinishingResponse(Response):
+    """A whole JSON response; `on_sent` runs after the body went out (off the client's critical
+    path), and also when sending fails, so the request is always finished exactly once."""
+
+    media_type = "application/json"
+
+    def __init__(
+        self, body: bytes, *, headers: Mapping[str, str], on_sent: Callable[[], Awaitable[None]]
+    ) -> None:
+        super().__init__(body, headers=dict(headers), media_type=self.media_type)
+        self._on_sent = on_sent
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._on_sent()
 
 
 class EventStreamResponse(Response):

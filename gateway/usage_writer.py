@@ -37,6 +37,7 @@ class UsageWriter:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._closing = False
         self.num_written = 0
         self.num_dropped = 0
 
@@ -58,13 +59,13 @@ class UsageWriter:
             self._task = asyncio.create_task(self._run(), name="usage-writer")
 
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._flush_interval_s)
             self._wake.clear()
             try:
                 await self.flush()
-            except (OperationalError, DBAPIError, OSError) as exc:
+            except Exception as exc:  # the records stay pending; the next round retries
                 log.warning("usage ledger write failed (%s); retrying", type(exc).__name__)
 
     async def flush(self) -> None:
@@ -81,9 +82,11 @@ class UsageWriter:
                     raise
 
     async def close(self) -> None:
+        # Let a write in progress finish (cancelling it mid-transaction would lose the batch).
+        self._closing = True
+        self._wake.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(Exception):
                 await self._task
             self._task = None
         try:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import asdict, dataclass
+from typing import cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -51,11 +52,13 @@ async def record_usage(session: AsyncSession, *, record: UsageIn) -> bool:
 async def record_usage_batch(session: AsyncSession, *, records: list[UsageIn]) -> int:
     """Write many records in one transaction; on a duplicate request id, fall back to one by
     one (so a retried settlement never drops the others). Returns how many were new."""
-    session.add_all(
-        UsageRecord(id=new_id(), day=r.finished_at.astimezone(dt.UTC).date(), **asdict(r))
-        for r in records
-    )
+    # Shallow (vars, not asdict): asdict deep-copies every datetime, per record.
+    rows = [
+        {"id": new_id(), "day": r.finished_at.astimezone(dt.UTC).date(), **vars(r)} for r in records
+    ]
     try:
+        # A Core executemany INSERT, not the unit of work: the ledger is write-heavy.
+        await session.execute(insert(cast(Table, UsageRecord.__table__)), rows)
         await session.commit()
     except IntegrityError:
         await session.rollback()

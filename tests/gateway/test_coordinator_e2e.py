@@ -145,10 +145,13 @@ async def test_realtime_tier_runs_before_batch_tier(gateway: Gateway) -> None:
         done.append(name)
 
     # Fill every running slot with batch work, then queue one more of each tier.
-    fill = [asyncio.create_task(run(batch, "fill", 60)) for _ in range(hold)]
-    await asyncio.sleep(0.3)
+    engine = gateway.state.engine.engine  # type: ignore[attr-defined]
+    fill = [asyncio.create_task(run(batch, "fill", 200)) for _ in range(hold)]
+    while engine.stats().num_running < hold:
+        await asyncio.sleep(0.01)
     late_batch = asyncio.create_task(run(batch, "batch", 4))
-    await asyncio.sleep(0.05)
+    while engine.stats().num_waiting < 1:
+        await asyncio.sleep(0.01)
     late_realtime = asyncio.create_task(run(realtime, "realtime", 4))
     await asyncio.gather(*fill, late_batch, late_realtime)
     assert done.index("realtime") < done.index("batch")

@@ -1,0 +1,355 @@
+"""Gateway overhead: what auth + Redis quotas + metrics + the engine client add to a request.
+
+Measured with `wrk`, in one run, on the same request body (`POST /inference/v1/generate`, 8 new
+tokens, not streamed):
+
+- "stand-in": an engine stand-in that answers the tokens-only protocol instantly (a BENCHMARK
+  FIXTURE ONLY, defined in this file), called directly, then through one gateway worker
+  (`loragate serve`, HTTP engine mode, Redis quota store, SQLite key store, metrics on);
+- "tiny engine": the real engine server on the tiny model, directly, then through a gateway.
+
+Latency (p50 / p99) comes from runs with one connection (requests back to back), so it is the
+cost of one request rather than queueing; throughput (requests/s) from runs with many
+connections. "Added" is the gateway run minus the direct run. `--json PATH` writes
+`{"added_ms": {"p50", "p99"}, "rps_per_worker", ...}`; `--quick` finishes in under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+from gateway_processes import Processes, free_port, start_redis, wait_http
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+BODY = {"token_ids": list(range(100, 132)), "sampling_params": {"max_tokens": 8, "temperature": 0}}
+
+
+async def bootstrap(env: dict[str, str]) -> str:
+    """Migrate the gateway's database and create its first admin key (what `loragate admin
+    bootstrap` does), in this process: a CLI process per gateway costs seconds of start-up."""
+    from tenancy.bootstrap import bootstrap_admin
+    from tenancy.db import make_engine, make_sessionmaker
+    from tenancy.keys import KeyMinter
+    from tenancy.migrate import upgrade
+
+    engine = make_engine(env["LORAGATE_DATABASE_URL"])
+    try:
+        await upgrade(engine)
+        async with make_sessionmaker(engine)() as session:
+            created = await bootstrap_admin(
+                session,
+                minter=KeyMinter(prefix="lg", pepper=env["LORAGATE_KEY_PEPPER"].encode()),
+                tiers=frozenset({"realtime", "standard", "batch"}),
+                default_tier="standard",
+            )
+    finally:
+        await engine.dispose()
+    return created.key
+
+
+def start_gateway(
+    procs: Processes, name: str, model: Path, engine_url: str, redis_url: str
+) -> tuple[str, str]:
+    """A one-worker gateway in HTTP engine mode; returns (url, an inference key)."""
+    env = {
+        **os.environ,
+        "LORAGATE_MODEL": str(model),
+        "LORAGATE_SERVED_MODEL_NAME": "tiny",
+        "LORAGATE_DATABASE_URL": f"sqlite+aiosqlite:///{procs.workdir / name}.db",
+        "LORAGATE_KEY_PEPPER": secrets.token_urlsafe(32),
+        "LORAGATE_SALT_SECRET": secrets.token_urlsafe(32),
+        "LORAGATE_AUTO_MIGRATE": "true",
+        "LORAGATE_ENGINE_MODE": "http",
+        "LORAGATE_ENGINE_URLS": json.dumps([engine_url]),
+        "LORAGATE_QUOTA_STORE": "redis",
+        "LORAGATE_REDIS_URL": redis_url,
+        "LORAGATE_REDIS_KEY_PREFIX": f"lgbench:{uuid.uuid4().hex[:8]}:",
+    }
+    admin = asyncio.run(bootstrap(env))
+    port = free_port()
+    procs.start(
+        name,
+        [str(BIN / "loragate"), "serve", "--port", str(port), "--log-level", "warning"],
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/ready")
+    auth = {"authorization": f"Bearer {admin}"}
+    tenant = httpx.post(url + "/admin/v1/tenants", json={"name": "bench"}, headers=auth).json()
+    # Limits that every request is checked against (and that never bind in this run).
+    limits = {
+        "requests_per_minute": 10**9,
+        "tokens_per_minute": 10**12,
+        "max_concurrent": 10**6,
+        "daily_token_budget": 10**15,
+        "monthly_token_budget": 10**16,
+    }
+    httpx.put(url + f"/admin/v1/tenants/{tenant['id']}/quotas", json=limits, headers=auth)
+    key = httpx.post(
+        url + f"/admin/v1/tenants/{tenant['id']}/keys", json={"name": "bench"}, headers=auth
+    ).json()["key"]
+    return url, key
+
+
+# ---- wrk ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class WrkResult:
+    p50_ms: float
+    p99_ms: float
+    rps: float
+    errors: int
+
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def _ms(text: str) -> float:
+    match = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
+    if match is None:
+        raise ValueError(f"unreadable wrk latency {text!r}")
+    return float(match[1]) * _UNITS[match[2]]
+
+
+def run_wrk(
+    url: str,
+    key: str | None,
+    *,
+    connections: int,
+    duration_s: int,
+    workdir: Path,
+    stream: bool = False,
+) -> WrkResult:
+    script = workdir / f"wrk-{uuid.uuid4().hex[:6]}.lua"
+    headers = f'wrk.headers["Authorization"] = "Bearer {key}"\n' if key else ""
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"{headers}wrk.body = [[{json.dumps({**BODY, 'stream': stream})}]]\n"
+    )
+    script.chmod(0o600)
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{duration_s}s",
+            "--latency",
+            "-s",
+            str(script),
+            url + "/inference/v1/generate",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    script.unlink()
+    latency = dict(re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, re.M))
+    if "50" not in latency or "99" not in latency:
+        raise RuntimeError(f"wrk gave no latency distribution:\n{out}")
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return WrkResult(_ms(latency["50"]), _ms(latency["99"]), rps, int(errors[1]) if errors else 0)
+
+
+Target = tuple[str, str | None, bool]  # url, key, stream
+
+
+def measure(
+    targets: dict[str, Target], args: argparse.Namespace, workdir: Path
+) -> dict[str, dict[str, Any]]:
+    """Interleaved rounds (each target once per round, latency then load); medians over rounds,
+    so a burst of load from other processes hits every target alike."""
+    rounds: dict[str, list[tuple[WrkResult, WrkResult]]] = {name: [] for name in targets}
+    for url, key, stream in targets.values():
+        run_wrk(url, key, connections=4, duration_s=1, workdir=workdir, stream=stream)  # warm-up
+    for _ in range(args.rounds):
+        for name, (url, key, stream) in targets.items():
+            run = partial(run_wrk, url, key, workdir=workdir, stream=stream)
+            latency = run(connections=1, duration_s=args.duration)
+            load = run(connections=args.connections, duration_s=args.duration)
+            rounds[name].append((latency, load))
+    return {
+        name: {
+            "p50_ms": statistics.median(lat.p50_ms for lat, _ in runs),
+            "p99_ms": statistics.median(lat.p99_ms for lat, _ in runs),
+            "rps": statistics.median(load.rps for _, load in runs),
+            "errors": sum(lat.errors + load.errors for lat, load in runs),
+        }
+        for name, runs in rounds.items()
+    }
+
+
+# ---- main ---------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short runs (under a minute)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--model", type=Path, default=ROOT / ".cache/models/tiny")
+    parser.add_argument("--duration", type=int, default=None, help="seconds per wrk run")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds")
+    parser.add_argument("--no-real-engine", action="store_true")
+    parser.add_argument("--standin", type=int, help=argparse.SUPPRESS)  # the fixture process
+    args = parser.parse_args()
+    if args.standin:
+        from gateway_standin import run_standin  # bench/ is the script's directory
+
+        run_standin(args.standin)
+        return 0
+    if shutil.which("wrk") is None:
+        print("wrk is not installed: apt-get update && apt-get install -y wrk", file=sys.stderr)
+        return 2
+    args.duration = args.duration or (3 if args.quick else 10)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    if not (args.model / "config.json").is_file():
+        from engine.make_model import make_model
+
+        make_model(args.model, size="tiny")
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="lg-bench-gw-"))
+    procs = Processes(workdir)
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        redis_url = start_redis(procs)
+        standin_port, engine_port = free_port(), free_port()
+        procs.start("standin", [sys.executable, __file__, "--standin", str(standin_port)])
+        standin = f"http://127.0.0.1:{standin_port}"
+        engine = f"http://127.0.0.1:{engine_port}"
+        # --quick measures the gateway's own cost only (the stand-in); the full run adds the
+        # real engine.
+        real = not (args.no_real_engine or args.quick)
+        if real:
+            procs.start(
+                "engine",
+                [
+                    str(BIN / "loragate"),
+                    "engine",
+                    "--model",
+                    str(args.model),
+                    "--port",
+                    str(engine_port),
+                    "--served-model-name",
+                    "tiny",
+                ],
+            )
+        wait_http(standin + "/health")
+        # Everything starts at once (start-up is most of a quick run); nothing is measured
+        # until all of it is up and idle.
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            first = pool.submit(start_gateway, procs, "gw-standin", args.model, standin, redis_url)
+            if real:
+                wait_http(engine + "/health")
+                second = pool.submit(
+                    start_gateway, procs, "gw-engine", args.model, engine, redis_url
+                )
+            gateway, key = first.result()
+            if real:
+                gateway2, key2 = second.result()
+        print(f"started in {time.monotonic() - started:.1f}s", file=sys.stderr)
+        results.update(
+            measure(
+                {"stand-in direct": (standin, None, False),
+                 "stand-in via gateway": (gateway, key, False)},
+                args, workdir,
+            )
+        )  # fmt: skip
+        if real:
+            targets: dict[str, Target] = {
+                "tiny engine direct, streamed": (engine, None, True),
+                "tiny engine via gateway": (gateway2, key2, False),
+            }
+            if not args.quick:
+                targets["tiny engine direct"] = (engine, None, False)
+            results.update(measure(targets, args, workdir))
+    finally:
+        procs.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    report = summarize(results, args)
+    print_table(results, report)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def summarize(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    direct, via = results["stand-in direct"], results["stand-in via gateway"]
+    report: dict[str, Any] = {
+        "added_ms": {
+            "p50": round(via["p50_ms"] - direct["p50_ms"], 3),
+            "p99": round(via["p99_ms"] - direct["p99_ms"], 3),
+        },
+        "rps_per_worker": round(via["rps"], 1),
+        "engine": "stand-in (benchmark fixture: answers the tokens-only protocol instantly)",
+        "runs": results,
+        "config": {
+            "quick": args.quick,
+            "duration_s": args.duration,
+            "rounds": args.rounds,
+            "connections": args.connections,
+            "gateway_workers": 1,
+            "request": "POST /inference/v1/generate, 32 prompt tokens, 8 new tokens",
+        },
+    }
+    if "tiny engine via gateway" in results:
+        via = results["tiny engine via gateway"]
+
+        def added(base: dict[str, Any]) -> dict[str, float]:
+            return {k: round(via[f"{k}_ms"] - base[f"{k}_ms"], 3) for k in ("p50", "p99")}
+
+        if "tiny engine direct" in results:
+            report["tiny_engine_added_ms_vs_unstreamed"] = added(results["tiny engine direct"])
+        report["tiny_engine"] = {
+            # The gateway always streams from the engine (it detokenizes and watches for stop
+            # strings), so the streamed direct call is the like-for-like baseline.
+            "added_ms": added(results["tiny engine direct, streamed"]),
+            "rps_direct_streamed": round(results["tiny engine direct, streamed"]["rps"], 1),
+            "rps_via_gateway": round(via["rps"], 1),
+        }
+    return report
+
+
+def print_table(results: dict[str, dict[str, Any]], report: dict[str, Any]) -> None:
+    print(f"\n{'run':<30}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}{'errors':>8}")
+    for name, r in results.items():
+        print(
+            f"{name:<30}{r['p50_ms']:>10.3f}{r['p99_ms']:>10.3f}{r['rps']:>10.1f}{r['errors']:>8}"
+        )
+    added = report["added_ms"]
+    print(
+        f"\ngateway added (stand-in engine, a benchmark fixture): p50 {added['p50']:.3f} ms, "
+        f"p99 {added['p99']:.3f} ms; {report['rps_per_worker']:.0f} req/s per gateway worker"
+    )
+    if "tiny_engine" in report:
+        t = report["tiny_engine"]
+        print(
+            f"gateway added (real engine, tiny model, vs the engine streamed): "
+            f"p50 {t['added_ms']['p50']:.3f} ms, p99 {t['added_ms']['p99']:.3f} ms"
+        )
+    print("goal: at most 2 ms added at p50, at least 500 req/s per gateway worker")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
