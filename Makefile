@@ -28,8 +28,14 @@ $(MODEL_DIR)/tiny/config.json: | $(STAMP)
 $(MODEL_DIR)/small/config.json: | $(STAMP)
 	$(BIN)/loragate make-model $(MODEL_DIR)/small --size small
 
-# The engine alone on the tiny model (the gateway issue turns `run` into the full demo).
-run engine: $(STAMP) $(MODEL_DIR)/tiny/config.json
+# The demo (the README's main command): the tiny model and two demo adapters, a SQLite database
+# with a demo tenant and key (printed once), then the gateway with the in-process engine on
+# 127.0.0.1:8000. It prints a curl line and an OpenAI SDK snippet that work as printed.
+run: $(STAMP) $(MODEL_DIR)/tiny/config.json
+	$(BIN)/loragate demo --model $(MODEL_DIR)/tiny --dir .cache/demo --host 127.0.0.1 --port 8000
+
+# The engine alone on the tiny model.
+engine: $(STAMP) $(MODEL_DIR)/tiny/config.json
 	$(BIN)/loragate engine --model $(MODEL_DIR)/tiny --host 127.0.0.1 --port 8100
 
 lint: $(STAMP)
@@ -51,10 +57,12 @@ test-slow: $(STAMP)
 bench: $(STAMP) $(MODEL_DIR)/small/config.json
 	mkdir -p bench/out
 	$(BIN)/python bench/engine_throughput.py --model $(MODEL_DIR)/small --json bench/out/engine_throughput.json
+	$(BIN)/python bench/gateway_overhead.py --model $(MODEL_DIR)/tiny --json bench/out/gateway_overhead.json
 
 bench-quick: $(STAMP) $(MODEL_DIR)/tiny/config.json
 	mkdir -p bench/out
 	$(BIN)/python bench/engine_throughput.py --quick --model $(MODEL_DIR)/tiny --json bench/out/engine_throughput.json
+	$(BIN)/python bench/gateway_overhead.py --quick --model $(MODEL_DIR)/tiny --json bench/out/gateway_overhead.json
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
