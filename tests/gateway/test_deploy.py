@@ -85,5 +85,5 @@ def test_dashboard_queries_name_real_metrics() -> None:
     engine_names = {"vllm:num_requests_running", "vllm:num_requests_waiting",
                     "vllm:kv_cache_usage_perc"}  # fmt: skip
     for expr in exprs:
-        for name in re.findall(r"(loragate_gateway_[a-z_]+|vllm:[a-z_]+)", expr):
+        for name in re.findall(r"(loragate_gateway_[a-z0-9_]+|vllm:[a-z0-9_]+)", expr):
             assert name in gateway_names or name in engine_names, name
