@@ -1,8 +1,8 @@
 """`loragate demo`: the one-command demo on the embedded default (what `make run` starts).
 
 Prepares a state directory (generated secrets kept in a 0600 file, a SQLite database), a demo
-tenant with a quota policy and a fresh inference key (printed once; earlier demo keys are
-revoked), then serves the gateway with the in-process engine and prints a curl line and an
+tenant with a quota policy, two demo LoRA adapters and a fresh inference key (printed once;
+earlier demo keys are revoked), then serves the gateway with the in-process engine and prints a curl line and an
 OpenAI SDK snippet that work as printed.
 """
 
@@ -18,21 +18,27 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 
+from gateway.demo_adapters import demo_adapter_files
 from gateway.serve import load_settings, run_server
 from gateway.settings import GatewaySettings
+from tenancy.adapters.service import AdapterService
+from tenancy.adapters.validation import FormatChecksValidator
+from tenancy.crud.adapters import register_adapter
 from tenancy.crud.keys import create_key, revoke_key
 from tenancy.crud.quotas import put_policy
 from tenancy.crud.tenants import create_tenant
 from tenancy.db import make_engine, make_sessionmaker
 from tenancy.keys import KeyMinter
 from tenancy.migrate import upgrade
-from tenancy.models import ApiKey, Tenant
+from tenancy.models import Adapter, ApiKey, Tenant
 from tenancy.principal import AuditContext, Principal
 from tenancy.schemas import ApiKeyCreate, QuotaLimitsIn, TenantCreate
 from tenancy.scopes import Scope
 
 DEMO_TENANT = "demo"
+DEMO_ADAPTERS = ("pirate", "poet")  # random weights: the names only tell them apart
 DEMO_MODEL_NAME = "tiny"
 DEMO_CTX = AuditContext(
     principal=Principal(subject="system:demo", tenant_id=None, scopes=frozenset({Scope.ADMIN}))
@@ -120,9 +126,32 @@ async def prepare(settings: GatewaySettings) -> str:
                 data=ApiKeyCreate(name="demo", scopes=[Scope.INFERENCE]),
                 now=now,
             )
+            await add_demo_adapters(session, settings, tenant.id)
         return created.key
     finally:
         await engine.dispose()
+
+
+async def add_demo_adapters(
+    session: AsyncSession, settings: GatewaySettings, tenant_id: str
+) -> None:
+    """The two demo adapters, owned by the demo tenant, validated like an admin upload."""
+    existing = set(
+        (
+            await session.scalars(select(Adapter.name).where(Adapter.owner_tenant_id == tenant_id))
+        ).all()
+    )
+    service = AdapterService(settings=settings, validator=FormatChecksValidator(settings))
+    for seed, name in enumerate(DEMO_ADAPTERS, start=1):
+        if name not in existing:
+            await register_adapter(
+                session,
+                ctx=DEMO_CTX,
+                service=service,
+                tenant_id=tenant_id,
+                name=name,
+                uploads=demo_adapter_files(settings.base_model, seed=seed),
+            )
 
 
 def banner(key: str, *, host: str, port: int, model: str) -> str:
@@ -149,6 +178,8 @@ Or with the OpenAI SDK (Python):
     )
     print(reply.choices[0].message.content)
 
+Two demo LoRA adapters belong to the demo tenant: use "model": "{DEMO_ADAPTERS[0]}" or
+"{DEMO_ADAPTERS[1]}" instead of "{model}" (one batch mixes all three).
 Models this key may use: curl -s {base}/models -H "Authorization: Bearer {key}"
 Metrics: http://{host}:{port}/metrics   Readiness: http://{host}:{port}/ready
 (The tiny model has random weights: expect fluent-looking nonsense.)

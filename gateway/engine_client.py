@@ -8,10 +8,13 @@ path for both kinds of engine.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from engine import adapter_admin
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.errors import (
@@ -42,9 +45,14 @@ from tenancy.errors import TenancyError
 
 INPROCESS = "inprocess"
 
+log = logging.getLogger(__name__)
+
 
 def engine_config(settings: GatewaySettings) -> EngineConfig:
     return EngineConfig(
+        max_loras=settings.engine_max_loras,
+        max_cpu_loras=settings.engine_max_cpu_loras,
+        max_lora_rank=settings.engine_max_lora_rank,
         model=str(settings.model),
         served_model_name=settings.model_name,
         dtype=settings.engine_dtype,
@@ -103,6 +111,7 @@ class InProcessEngineClient:
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.vocab_size
         self._drain_timeout_s = drain_timeout_s
+        self._loaded: dict[str, asyncio.Future[Any]] = {}
         self._limits = EngineLimits(
             vocab_size=engine.vocab_size,
             max_model_len=engine.max_model_len,
@@ -120,11 +129,41 @@ class InProcessEngineClient:
         return None
 
     async def open(self, request: GenerateRequest, adapter: AdapterRef | None) -> LocalStream:
+        if adapter is not None:
+            await self._ensure_loaded(adapter)
         try:
-            stream = await self.engine.add_request(to_engine_request(request, self._limits))
+            stream = await self._add(request)
+        except AdapterNotFoundError:
+            if adapter is None:
+                raise ModelNotFound() from None
+            self._loaded.pop(adapter.engine_name, None)  # unloaded meanwhile: load it again
+            await self._ensure_loaded(adapter)
+            stream = await self._add(request)
+        return LocalStream(request, stream)
+
+    async def _add(self, request: GenerateRequest) -> RequestStream:
+        try:
+            return await self.engine.add_request(to_engine_request(request, self._limits))
+        except AdapterNotFoundError:
+            raise
         except EngineError as exc:
             raise gateway_error(exc) from None
-        return LocalStream(request, stream)
+
+    async def _ensure_loaded(self, adapter: AdapterRef) -> None:
+        """Register the adapter with the engine once (concurrent first requests share one load).
+        The engine moves it between its disk, CPU and device tiers by itself afterwards."""
+        pending: asyncio.Future[Any] | None = self._loaded.get(adapter.engine_name)
+        if pending is None:
+            pending = asyncio.ensure_future(
+                adapter_admin.load(self.engine, adapter.engine_name, adapter.path)
+            )
+            self._loaded[adapter.engine_name] = pending
+        try:
+            await asyncio.shield(pending)
+        except Exception as exc:  # lora's AdapterError (outside our import rules) or I/O
+            self._loaded.pop(adapter.engine_name, None)
+            log.error("loading an adapter failed with %s", type(exc).__name__)
+            raise EngineFailed("The adapter could not be loaded.") from None
 
     async def check_ready(self) -> dict[str, bool]:
         return {INPROCESS: self.engine.is_healthy}

@@ -46,6 +46,9 @@ class GatewaySettings(TenancySettings):
     engine_max_model_len: int | None = Field(default=None, ge=2)
     engine_max_queue_len: int = Field(default=4096, ge=1)
     engine_drain_timeout_s: float = Field(default=30.0, ge=0)
+    engine_max_loras: int = Field(default=4, ge=1)
+    engine_max_cpu_loras: int | None = Field(default=None, ge=1)
+    engine_max_lora_rank: int = Field(default=16, ge=1)
 
     # ---- requests ----------------------------------------------------------------------------
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
@@ -90,6 +93,11 @@ class GatewaySettings(TenancySettings):
             and not (self.model / "tokenizer.json").is_file()
         ):
             raise ValueError("model must be a checkpoint directory with a tokenizer")
+        if "adapter_limits" not in self.model_fields_set:
+            # Uploads the engine would refuse are refused at upload time.
+            self.adapter_limits.max_rank = min(
+                self.adapter_limits.max_rank, self.engine_max_lora_rank
+            )
         if "base_model" not in self.model_fields_set:
             # Uploaded adapters are checked against the model actually served.
             self.base_model = base_model_spec(self.model, self.model_name)

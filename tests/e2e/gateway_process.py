@@ -86,6 +86,17 @@ class GatewayProcess:
             assert r.status_code == 200, r.text
         return TenantInfo(tenant_id=tenant_id, key=key)
 
+    def upload_adapter(self, tenant_id: str, name: str, files: list[tuple[str, bytes]]) -> str:
+        """Through the admin REST API, as a tenant's operator would; returns the adapter id."""
+        r = self.admin(
+            "POST",
+            f"/tenants/{tenant_id}/adapters",
+            data={"name": name},
+            files=[("files", (filename, data)) for filename, data in files],
+        )
+        assert r.status_code == 201, r.text
+        return str(r.json()["id"])
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 

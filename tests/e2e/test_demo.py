@@ -97,3 +97,17 @@ def test_a_restart_revokes_the_previous_demo_key(demo: tuple[str, str, Path]) ->
     base = _block(banner, "Or with the OpenAI SDK (Python):").split('base_url="')[1].split('"')[0]
     r = httpx.get(base + "/models", headers={"authorization": f"Bearer {old_key}"}, timeout=30)
     assert r.status_code == 401
+
+
+def test_the_demo_adapters_are_listed_and_usable(demo: tuple[str, str, Path]) -> None:
+    banner, _, _ = demo
+    snippet = _block(banner, "Or with the OpenAI SDK (Python):")
+    base = snippet.split('base_url="')[1].split('"')[0]
+    key = snippet.split('api_key="')[1].split('"')[0]
+    headers = {"authorization": f"Bearer {key}"}
+    models = httpx.get(base + "/models", headers=headers, timeout=30).json()
+    assert [m["id"] for m in models["data"]] == ["tiny", "pirate", "poet"]
+    for model in ("pirate", "poet"):
+        body = {"model": model, "messages": [{"role": "user", "content": "Ahoy"}], "max_tokens": 4}
+        r = httpx.post(base + "/chat/completions", json=body, headers=headers, timeout=60)
+        assert r.status_code == 200 and r.json()["model"] == model

@@ -1,18 +1,23 @@
 """Acceptance 1: the official `openai` SDK against a real gateway process and the real engine.
 
-Chat and completions, streaming with `include_usage`, `/v1/models` per tenant, and the SDK
-exception each error maps to (with the SDK's own retry behaviour).
+Chat and completions, streaming with `include_usage`, `/v1/models` per tenant, a LoRA adapter
+used by its owner (and invisible to others), and the SDK exception each error maps to (with the
+SDK's own retry behaviour).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from gateway_process import GatewayProcess, TenantInfo
 from openai import OpenAI
+
+from gateway.demo_adapters import demo_adapter_files
+from gateway.settings import base_model_spec
 
 MODEL = "tiny"
 
@@ -129,14 +134,50 @@ def test_completions_plain_echo_and_stream(
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
 
 
-def test_models_are_scoped_per_tenant(gateway_proc: GatewayProcess, tenant: TenantInfo) -> None:
+@pytest.fixture(scope="module")
+def adapter_owner(gateway_proc: GatewayProcess, tiny_model_dir: Path) -> TenantInfo:
+    """A tenant that uploaded a LoRA adapter named `sql` (through the admin REST API)."""
+    owner = gateway_proc.tenant()
+    base = base_model_spec(tiny_model_dir, MODEL)
+    files = [(f.filename, f.data) for f in demo_adapter_files(base, seed=7)]
+    gateway_proc.upload_adapter(owner.tenant_id, "sql", files)
+    return owner
+
+
+def test_models_are_scoped_per_tenant(
+    gateway_proc: GatewayProcess, tenant: TenantInfo, adapter_owner: TenantInfo
+) -> None:
+    owner_models = sdk(gateway_proc, adapter_owner.key).models.list()
+    assert [m.id for m in owner_models.data] == [MODEL, "sql"]
+    assert all(m.object == "model" for m in owner_models.data)
     client = sdk(gateway_proc, tenant.key)
-    models = client.models.list()
-    assert next(m.id for m in models.data) == MODEL
-    assert all(m.object == "model" for m in models.data)
+    assert [m.id for m in client.models.list().data] == [MODEL]
     assert client.models.retrieve(MODEL).id == MODEL
+    assert sdk(gateway_proc, adapter_owner.key).models.retrieve("sql").id == "sql"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("sql")
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
+
+
+def test_an_adapter_is_used_by_its_owner_only(
+    gateway_proc: GatewayProcess, tenant: TenantInfo, adapter_owner: TenantInfo
+) -> None:
+    def ask(key: str, model: str) -> str:
+        reply = sdk(gateway_proc, key).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "SELECT"}], max_tokens=12,
+            temperature=0, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert reply.model == model
+        return reply.choices[0].message.content or ""
+
+    with_adapter = ask(adapter_owner.key, "sql")
+    assert with_adapter != ask(adapter_owner.key, MODEL)  # the adapter changes the output
+    assert with_adapter == ask(adapter_owner.key, "sql")  # and deterministically so
+    # Another tenant gets the same answer as for a model that does not exist.
+    with pytest.raises(openai.NotFoundError) as caught:
+        ask(tenant.key, "sql")
+    assert caught.value.code == "model_not_found"
 
 
 def test_authentication_error(gateway_proc: GatewayProcess) -> None:
@@ -158,6 +199,7 @@ def test_permission_denied_for_a_key_without_inference_scope(gateway_proc: Gatew
 
 
 def test_not_found_for_unknown_model(gateway_proc: GatewayProcess, tenant: TenantInfo) -> None:
+    # (another tenant's adapter: test_an_adapter_is_used_by_its_owner_only)
     with pytest.raises(openai.NotFoundError) as caught:
         sdk(gateway_proc, tenant.key).chat.completions.create(
             model="someone-elses-adapter", messages=[{"role": "user", "content": "hi"}]
