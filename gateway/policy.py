@@ -26,6 +26,9 @@ from tenancy.quotas import QuotaSubject
 from tenancy.runtime import TenancyRuntime
 from tenancy.scopes import Scope
 
+# An unknown model name reloads the tenant's adapter list if the cached one is older than this.
+MISS_RELOAD_S = 0.25
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -38,10 +41,14 @@ class TtlCache(Generic[K, V]):
         self._max_entries = max_entries
         self._entries: dict[K, tuple[float, V]] = {}
 
-    async def get(self, key: K, load: Callable[[], Awaitable[V]]) -> V:
+    async def get(
+        self, key: K, load: Callable[[], Awaitable[V]], *, max_age_s: float | None = None
+    ) -> V:
+        """The cached value, unless older than the TTL (or than `max_age_s`, when given)."""
         now = time.monotonic()
         entry = self._entries.get(key)
-        if entry is not None and now - entry[0] < self._ttl_s:
+        ttl = self._ttl_s if max_age_s is None else min(self._ttl_s, max_age_s)
+        if entry is not None and now - entry[0] < ttl:
             return entry[1]
         value = await load()
         if len(self._entries) >= self._max_entries:
@@ -124,7 +131,9 @@ class PolicyService:
 
         return await self._subjects.get((ctx.tenant_id, ctx.key_id), load)
 
-    async def adapters(self, ctx: TenantContext) -> dict[str, AdapterRef]:
+    async def adapters(
+        self, ctx: TenantContext, *, max_age_s: float | None = None
+    ) -> dict[str, AdapterRef]:
         """name -> adapter this tenant may use: its own, then public ones of other names."""
 
         async def load() -> dict[str, AdapterRef]:
@@ -149,13 +158,17 @@ class PolicyService:
                 )
             return visible
 
-        return await self._adapters.get(ctx.tenant_id, load)
+        return await self._adapters.get(ctx.tenant_id, load, max_age_s=max_age_s)
 
     async def resolve(self, ctx: TenantContext, model: str) -> ResolvedModel:
         """The base model, or an adapter visible to this tenant; anything else is a 404."""
         if model == self.base_model:
             return ResolvedModel(name=model, adapter=None)
         adapter = (await self.adapters(ctx)).get(model)
+        if adapter is None:
+            # Maybe uploaded since the list was cached: look again, at most a few times a second
+            # per tenant, so unknown names cannot turn into a database query each.
+            adapter = (await self.adapters(ctx, max_age_s=MISS_RELOAD_S)).get(model)
         if adapter is None:
             raise ModelNotFound()
         return ResolvedModel(name=model, adapter=adapter)

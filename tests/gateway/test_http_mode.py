@@ -1,6 +1,7 @@
 """Acceptance 7: the gateway over two engine server processes (distributed mode: HTTP engines,
-Redis quotas). Requests spread over both; when one engine is killed, an in-flight stream on it
-ends with an error event and its usage is recorded, and new requests go to the other."""
+Redis quotas). Requests spread over both; an adapter's requests go to the replica holding it;
+when one engine is killed, an in-flight stream on it ends with an error event and its usage is
+recorded, and new requests go to the other."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ import httpx
 import pytest
 import pytest_asyncio
 from engine_processes import EngineProcess, start_engines
-from gateway_harness import Gateway, SecretScan, gateway_settings
+from gateway_harness import ADMIN_CTX, Gateway, SecretScan, gateway_settings
 from live_server import live_gateway
+
+from gateway.demo_adapters import demo_adapter_files
+from tenancy.crud.adapters import register_adapter
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -78,6 +82,51 @@ async def test_requests_spread_over_both_replicas(
     assert sum(served) == 8 and min(served) >= 2
     records = await gw.usage_records(tenant)
     assert len(records) == 8 and {r.finish_reason for r in records} == {"length"}
+
+
+async def _own_adapter(gw: Gateway, tenant_id: str, name: str, seed: int) -> tuple[str, str]:
+    """Register an adapter for the tenant (as an admin upload would): (adapter id, path)."""
+    async with gw.state.tenancy.sessionmaker() as session:
+        row = await register_adapter(
+            session, ctx=ADMIN_CTX, service=gw.state.tenancy.adapters, tenant_id=tenant_id,
+            name=name, uploads=demo_adapter_files(gw.state.settings.base_model, seed=seed),
+        )  # fmt: skip
+    return row.id, row.storage_path
+
+
+async def test_adapter_requests_go_to_the_replica_holding_the_adapter(
+    live: tuple[str, Gateway], engines: list[EngineProcess]
+) -> None:
+    _, gw = live
+    tenant = await gw.tenant()
+    held_id, held_path = await _own_adapter(gw, tenant.tenant_id, "held", seed=3)
+    # Only engine 1 holds "held" (loaded out of band, as after an earlier request).
+    r = httpx.post(
+        engines[1].url + "/v1/load_lora_adapter",
+        json={"lora_name": held_id, "lora_path": held_path},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 10
+    client = gw.state.engine
+    while not client.replicas[1].adapters.get(held_id):  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    before = [_served(e) for e in engines]
+    body = gw.chat_body("Route me to my adapter.", max_tokens=3, model="held")
+    for _ in range(5):
+        r = await gw.client.post("/v1/chat/completions", headers=tenant.headers, json=body)
+        assert r.status_code == 200, r.text
+    assert [_served(e) - b for e, b in zip(engines, before, strict=True)] == [0, 5]
+    # An adapter no replica holds is loaded where the request goes, and its next requests follow.
+    await _own_adapter(gw, tenant.tenant_id, "fresh", seed=4)
+    before = [_served(e) for e in engines]
+    body = gw.chat_body("Load me somewhere.", max_tokens=3, model="fresh")
+    for _ in range(4):
+        r = await gw.client.post("/v1/chat/completions", headers=tenant.headers, json=body)
+        assert r.status_code == 200, r.text
+    served = [_served(e) - b for e, b in zip(engines, before, strict=True)]
+    assert sorted(served) == [0, 4]
 
 
 async def test_killed_replica_mid_stream(
