@@ -89,8 +89,9 @@ class Sampler:
             return []
         random_rows = [i for i, row in enumerate(rows) if not is_greedy(row.params)]
         if not random_rows and not any(_needs_edit(row) for row in rows):
-            # float32 conversion is exact, so the argmax (ties included) is the same without it.
-            token_ids = logits.argmax(dim=-1)  # [num_rows]
+            # float32 conversion is exact, so the argmax (ties included) is the same; on CPU the
+            # float32 argmax is ~2x faster than a bf16 one even counting the conversion.
+            token_ids = logits.float().argmax(dim=-1)  # [num_rows]
         else:
             processed = self._process(logits, rows)  # [num_rows, vocab] float32
             token_ids = self._choose(processed, rows, random_rows)  # [num_rows]
