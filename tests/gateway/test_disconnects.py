@@ -79,16 +79,21 @@ async def _records(state: GatewayState, tenant_id: str) -> list[UsageRecord]:
         return list(rows.all())
 
 
-async def test_200_streams_cut_mid_flight_leave_nothing_behind(
-    live: tuple[str, Gateway],
+@pytest.mark.parametrize(
+    "num_clients",
+    [NUM_CLIENTS, pytest.param(1000, marks=pytest.mark.slow)],  # SECURITY.md: 1,000 streams
+    ids=["200", "1000"],
+)
+async def test_streams_cut_mid_flight_leave_nothing_behind(
+    live: tuple[str, Gateway], num_clients: int
 ) -> None:
     url, gw = live
     tenant = await gw.tenant()
     body = gw.chat_body("Tell me everything.", max_tokens=1500, ignore_eos=True, stream=True)
-    limits = httpx.Limits(max_connections=NUM_CLIENTS + 10)
+    limits = httpx.Limits(max_connections=num_clients + 10)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
         got = await asyncio.gather(
-            *(_read_some_then_hang_up(client, tenant.key, body) for _ in range(NUM_CLIENTS))
+            *(_read_some_then_hang_up(client, tenant.key, body) for _ in range(num_clients))
         )
     assert all(n >= 1 for n in got)
     await _settled(gw.state, tenant.tenant_id)
@@ -96,10 +101,10 @@ async def test_200_streams_cut_mid_flight_leave_nothing_behind(
     assert engine.stats().kv_usage == 0.0  # every KV block is free
     await engine.run_in_loop(lambda e: e.check_invariants())
     records = await _records(gw.state, tenant.tenant_id)
-    assert len(records) == NUM_CLIENTS
+    assert len(records) == num_clients
     assert {r.finish_reason for r in records} == {"abort"}
     assert all(1 <= r.completion_tokens < 1500 for r in records)
-    assert len({r.request_id for r in records}) == NUM_CLIENTS
+    assert len({r.request_id for r in records}) == num_clients
 
 
 async def test_clients_gone_while_queued_are_settled_too(live: tuple[str, Gateway]) -> None:

@@ -1,0 +1,78 @@
+"""SECURITY.md availability, through the gateway: with the Redis quota store down, inference
+fails closed with 503 (never 401, never admitted) and recovers by itself when Redis returns."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gateway_harness import SecretScan, gateway_settings, running_gateway
+from services import free_port, wait_port
+
+
+class KillableRedis:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="lg-gw-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_port(self.port)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+@pytest.fixture
+def redis_server() -> Iterator[KillableRedis]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server binary not on PATH; this test must kill its own server")
+    server = KillableRedis()
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@pytest.mark.redis
+async def test_redis_down_is_503_and_recovery_is_automatic(
+    tiny_model_dir: Path, tmp_path: Path, redis_server: KillableRedis, secret_scan: SecretScan
+) -> None:
+    settings = gateway_settings(
+        tiny_model_dir, tmp_path, quota_store="redis",
+        redis_url=f"redis://127.0.0.1:{redis_server.port}/0",
+    )  # fmt: skip
+    async with running_gateway(settings, secret_scan) as gw:
+        tenant = await gw.tenant(requests_per_minute=1000)
+        body = gw.chat_body("Are you there?", max_tokens=2)
+
+        async def ask() -> int:
+            r = await gw.client.post("/v1/chat/completions", headers=tenant.headers, json=body)
+            if r.status_code == 503:
+                assert r.json()["error"]["code"] == "overloaded"
+                assert "retry-after" in r.headers
+            return r.status_code
+
+        assert await ask() == 200
+        redis_server.stop()
+        assert await ask() == 503
+        assert await ask() == 503  # never a 401, never admitted without the store
+        redis_server.start()
+        deadline = time.monotonic() + 15
+        while (status := await ask()) != 200:
+            assert status == 503 and time.monotonic() < deadline
+            await asyncio.sleep(0.2)

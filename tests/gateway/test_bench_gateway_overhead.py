@@ -1,0 +1,57 @@
+"""bench/gateway_overhead.py: wrk output parsing, and (slow) `--quick --json` end to end."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "gateway_overhead.py"
+
+WRK_OUTPUT = """Running 3s test @ http://127.0.0.1:1/inference/v1/generate
+  1 threads and 1 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     1.62ms  410.11us  12.00ms   90.00%
+  Latency Distribution
+     50%    1.55ms
+     75%    1.70ms
+     90%    1.90ms
+     99%    3.20ms
+  1850 requests in 3.00s, 1.30MB read
+Requests/sec:    616.52
+Transfer/sec:    443.00KB
+"""
+
+
+def test_wrk_output_is_parsed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    import gateway_overhead
+
+    class Done:
+        stdout = WRK_OUTPUT
+
+    monkeypatch.setattr(gateway_overhead.subprocess, "run", lambda *a, **k: Done())
+    result = gateway_overhead.run_wrk(
+        "http://127.0.0.1:1", "k", connections=1, duration_s=3, workdir=tmp_path
+    )
+    assert (result.p50_ms, result.p99_ms, result.rps, result.errors) == (1.55, 3.2, 616.52, 0)
+    assert not list(tmp_path.iterdir())  # the script holding the key is gone
+
+
+@pytest.mark.slow
+def test_quick_run_writes_the_json(tiny_model_dir: Path, tmp_path: Path) -> None:
+    if shutil.which("wrk") is None:
+        pytest.skip("wrk is not installed: apt-get update && apt-get install -y wrk")
+    out = tmp_path / "gateway_overhead.json"
+    subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--model", str(tiny_model_dir), "--json", str(out)],
+        check=True, timeout=120,
+    )  # fmt: skip
+    report = json.loads(out.read_text())
+    assert set(report["added_ms"]) == {"p50", "p99"}
+    assert report["rps_per_worker"] > 0
+    assert all(run["errors"] == 0 for run in report["runs"].values())

@@ -1,0 +1,112 @@
+"""Settings refuse unsafe or inconsistent values (naming the field); the SSE response sends
+keep-alive comments while an engine is silent and always closes its event source."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.settings import GatewaySettings
+from gateway.streaming import KEEPALIVE, EventStreamResponse
+
+
+def _settings(model: Path, **overrides: Any) -> GatewaySettings:
+    values: dict[str, Any] = {
+        "model": model,
+        "key_pepper": secrets.token_urlsafe(32),
+        "salt_secret": secrets.token_urlsafe(32),
+    }
+    values.update(overrides)
+    return GatewaySettings(**values)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"key_pepper": ""}, "key_pepper"),
+        ({"salt_secret": "changeme"}, "salt_secret"),
+        ({"key_pepper": "x" * 40}, "key_pepper"),  # a placeholder-like value
+        ({"engine_mode": "http"}, "engine_urls"),
+        ({"engine_urls": ["ftp://engine:8100"]}, "engine_urls"),
+        ({"engine_kind": "vllm"}, "engine_kind"),
+        ({"max_body_bytes": 10}, "max_body_bytes"),
+    ],
+)
+def test_unsafe_or_inconsistent_settings_are_refused(
+    tiny_model_dir: Path, overrides: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ValidationError) as caught:
+        _settings(tiny_model_dir, **overrides)
+    assert field in str(caught.value)
+
+
+def test_missing_secrets_are_refused(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValidationError) as caught:
+        GatewaySettings(model=tiny_model_dir)  # type: ignore[call-arg]
+    assert "key_pepper" in str(caught.value) and "salt_secret" in str(caught.value)
+
+
+def test_served_model_shapes_become_the_adapter_checks(tiny_model_dir: Path) -> None:
+    settings = _settings(tiny_model_dir, served_model_name="tiny", engine_max_lora_rank=8)
+    assert settings.base_model.name == "tiny"
+    assert settings.base_model.hidden_size == 256 and settings.base_model.num_hidden_layers == 8
+    assert settings.adapter_limits.max_rank == 8
+
+
+async def test_keepalive_comments_while_the_engine_is_silent_and_the_source_is_closed() -> None:
+    closed = asyncio.Event()
+
+    async def events() -> AsyncGenerator[bytes, None]:
+        try:
+            await asyncio.sleep(0.35)  # a request waiting in the engine's queue
+            yield b"data: {}\n\n"
+        finally:
+            closed.set()
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()  # the client stays
+        return {}
+
+    response = EventStreamResponse([], events(), headers={}, keepalive_s=0.1)
+    await response({"type": "http"}, receive, send)
+    bodies = [m.get("body") for m in sent if m["type"] == "http.response.body"]
+    assert bodies.count(KEEPALIVE) >= 2
+    assert bodies[-2:] == [b"data: {}\n\n", b""]
+    assert closed.is_set()
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    assert (b"content-type", b"text/event-stream; charset=utf-8") in start["headers"]
+    assert not any(k == b"content-length" for k, _ in start["headers"])
+
+
+async def test_a_client_that_leaves_closes_the_event_source() -> None:
+    closed = asyncio.Event()
+
+    async def events() -> AsyncGenerator[bytes, None]:
+        try:
+            while True:
+                await asyncio.sleep(0.01)
+                yield b"data: {}\n\n"
+        finally:
+            closed.set()
+
+    async def send(message: dict[str, Any]) -> None:
+        return None
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.sleep(0.1)
+        return {"type": "http.disconnect"}
+
+    response = EventStreamResponse([], events(), headers={}, keepalive_s=1.0)
+    await asyncio.wait_for(response({"type": "http"}, receive, send), 5)
+    assert closed.is_set()
