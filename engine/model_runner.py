@@ -73,6 +73,14 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> ForwardOutput:
         decodes = [s for s in sched.scheduled if s.num_new_tokens == 1 and not s.seq.is_prefilling]
         prefills = [s for s in sched.scheduled if s.num_new_tokens > 1 or s.seq.is_prefilling]
+        has_lora = self.lora is not None and any(
+            s.seq.adapter_id is not None for s in decodes + prefills
+        )
+        if has_lora:
+            # Tokens of one adapter side by side: one run per adapter for the segmented form,
+            # locality for the gathered one. Order within the batch changes no result.
+            decodes.sort(key=self._adapter_slot)
+            prefills.sort(key=self._adapter_slot)
         ordered = decodes + prefills
         input_ids, positions, slots = self._flatten(ordered)
         meta = AttentionMetadata(
@@ -95,7 +103,10 @@ class ModelRunner:
             )
             start += item.num_new_tokens
 
-        hidden = self._forward(ordered, len(decodes), input_ids, positions, meta)
+        if has_lora:
+            hidden = self._forward_lora(ordered, len(decodes), input_ids, positions, meta)
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
 
         sample_rows: list[int] = []
         sampling_seqs: list[Sequence] = []
@@ -115,7 +126,12 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[rows])  # [num_sampling, vocab]
         return ForwardOutput(sampling_seqs, logits, prompt_logits)
 
-    def _forward(
+    def _adapter_slot(self, item: ScheduledSeq) -> int:
+        adapter = adapter_of(item.seq)
+        slot = None if adapter is None or self.lora is None else self.lora.cache.slot_of(adapter)
+        return -1 if slot is None else slot
+
+    def _forward_lora(
         self,
         ordered: list[ScheduledSeq],
         num_decodes: int,
@@ -123,8 +139,7 @@ class ModelRunner:
         positions: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden]
-        if self.lora is None:
-            return self.model(input_ids, positions, self.kv_caches, meta)
+        assert self.lora is not None
         context = self.lora.layers.context
         context.batch = self.lora.batch_for(
             [adapter_of(item.seq) for item in ordered],

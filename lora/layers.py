@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kernels.ops import lora_expand, lora_shrink
@@ -62,7 +63,10 @@ class LoRALinear(nn.Module):
         self.subs = tuple(subs)
         self.context = context
         n = len(self.subs)
-        dtype, device = base.weight.dtype, base.weight.device
+        device = base.weight.device
+        # The CPU reference computes in float32 and would convert a low-precision stack on
+        # every call; float32 stacks there skip that (and keep the adapters' full precision).
+        dtype = torch.float32 if device.type == "cpu" else base.weight.dtype
         self.lora_a = torch.zeros(
             max_loras, n * max_rank, base.in_features, dtype=dtype, device=device
         )
@@ -74,7 +78,8 @@ class LoRALinear(nn.Module):
         self.targets = [False] * max_loras
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, in_features]
-        out = self.base(x)  # [num_tokens, out_features]
+        # F.linear, not self.base(x): one module dispatch fewer on every projection.
+        out = F.linear(x, self.base.weight, self.base.bias)  # [num_tokens, out_features]
         batch = self.context.batch
         if batch is None:
             return out

@@ -69,7 +69,10 @@ def test_fused_wrapper_adds_each_tokens_own_delta(split_forms: bool):
         seq_slots, seq_tokens, num_decodes=3, slot_ranks=[8, 4, 2], max_rank=MAX_RANK,
         max_fused=3, device=torch.device("cpu"), split_forms=split_forms,
     )  # fmt: skip
-    assert batch is not None and len(batch.parts) == (2 if split_forms else 1)
+    assert batch is not None
+    rows = [(p.rows.start, p.rows.stop) for p in batch.parts]
+    # split: decode rows, prefill rows; else one part per run of one adapter, base rows skipped
+    assert rows == ([(0, 3), (3, 10)] if split_forms else [(0, 1), (2, 3), (3, 7), (7, 10)])
     token_slots = [s for s, n in zip(seq_slots, seq_tokens, strict=True) for _ in range(n)]
     x = torch.randn(len(token_slots), 32)
     h = torch.randn(len(token_slots), 48)
@@ -129,3 +132,13 @@ def test_wrapping_checks_the_layout():
         LoRALayers([Layer()], LAYOUT, DIMS, max_loras=1, max_rank=4).set_slot(
             0, adapter(1, 8, {"q_proj": 8})
         )
+
+
+def test_cpu_parts_are_runs_of_one_adapter():
+    batch = build_lora_batch(
+        [0, 0, NO_SLOT, 1, 1, 0], [2, 3, 1, 1, 1, 4], num_decodes=0, slot_ranks=[4, 4],
+        max_rank=4, max_fused=1, device=torch.device("cpu"),
+    )  # fmt: skip
+    assert batch is not None
+    assert [(p.rows.start, p.rows.stop) for p in batch.parts] == [(0, 5), (6, 8), (8, 12)]
+    assert [p.metas[0].active_slots for p in batch.parts] == [(0,), (1,), (0,)]

@@ -1,0 +1,345 @@
+"""Multi-LoRA throughput of the loragate engine vs PEFT, in one run.
+
+    python bench/lora_throughput.py --json bench/out/lora_throughput.json
+    python bench/lora_throughput.py --quick --json bench/out/lora_quick.json
+
+On the engine benchmark's seeded variable-length workload (bench/workload.py):
+  a. LoRA overhead: the requests spread over 8 rank-16 adapters vs the same requests on the
+     base model (same engine settings). Goal: <= 1.25x the base time on CPU.
+  b. vs PEFT: the same adapter mix through PEFT's mixed-adapter batched `generate`
+     (`adapter_names=`) and through PEFT one request at a time (`set_adapter`). Goal: >= 4x
+     PEFT's mixed batch.
+  c. Adapter scaling: 1, 10, 100, 1000 registered adapters with zipf popularity,
+     max_loras=8, max_cpu_loras=32. Goal: <= 15% throughput loss from 1 to 1000.
+Every cell records wall time and this process's CPU time; the ratios use CPU time (one
+thread: the work done, not the waits on a shared machine), `ratios_wall` the wall time.
+See bench/RESULTS.md ("LoRA throughput").
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import engine_run
+import torch
+from lora_adapters import make_adapters, round_robin, zipf_assign
+from peft_baseline import load_peft, run_peft, timed
+from plan import ensure_model
+from report import load_average, machine_info, versions
+from workload import BenchRequest, WorkloadSpec, make_workload, summarize, token_pool
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest, RequestId
+from engine.sampling_params import SamplingParams
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class LoraPlan:
+    model_size: str
+    workload: WorkloadSpec
+    num_adapters: int  # (a) and (b): requests round-robin over this many adapters
+    rank: int
+    peft_mixed: tuple[int, int]  # (batch size, requests run: a prefix of the workload)
+    peft_sequential: int  # requests run one at a time (a prefix)
+    scaling: tuple[int, ...]  # registered adapters
+    # Distinct adapter directories behind the registered names: each name is still read,
+    # cached and slotted on its own; only the files are shared (1000 x 10 MB is a lot of disk).
+    scaling_dirs: int
+    repeats: int  # (a) cells run this many times, interleaved; the best counts
+    zipf_s: float = 1.0
+    max_loras: int = 8
+    max_cpu_loras: int = 32
+
+
+FULL = LoraPlan(
+    model_size="small",
+    workload=WorkloadSpec("lora-mixed", 64, prompt_len=(16, 512), output_len=(16, 256), seed=3),
+    num_adapters=8,
+    rank=16,
+    peft_mixed=(16, 32),
+    peft_sequential=4,
+    scaling=(1, 10, 100, 1000),
+    scaling_dirs=48,
+    repeats=2,
+)
+QUICK = LoraPlan(
+    model_size="tiny",
+    workload=WorkloadSpec("lora-quick", 24, prompt_len=(8, 64), output_len=(8, 24), seed=3),
+    num_adapters=8,
+    rank=16,
+    peft_mixed=(8, 8),
+    peft_sequential=2,
+    scaling=(1, 10, 100, 1000),
+    scaling_dirs=12,
+    repeats=1,
+)
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    system: str  # loragate | peft
+    setting: str
+    num_requests: int
+    num_requests_total: int
+    num_tokens: int  # useful tokens (each request's own output)
+    wall_s: float
+    cpu_s: float
+    extra: dict[str, Any] = field(default_factory=dict)  # engine batch sizes, cache counters
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.wall_s
+
+    @property
+    def tokens_per_cpu_s(self) -> float:
+        return self.num_tokens / self.cpu_s
+
+
+# ---- loragate -------------------------------------------------------------------------------
+
+
+def run_loragate(
+    name: str,
+    setting: str,
+    model_dir: Path,
+    args: argparse.Namespace,
+    requests: Sequence[BenchRequest],
+    assignment: Sequence[str | None],
+    adapters: dict[str, Path],
+    *,
+    max_loras: int,
+    max_cpu_loras: int,
+    enable_lora: bool = True,
+) -> Cell:
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(model_dir),
+            dtype=args.dtype,
+            num_kv_blocks=engine_run.kv_blocks_for(requests, block_size=16),
+            max_num_seqs=64,
+            max_num_batched_tokens=2048,
+            enable_lora=enable_lora,
+            max_loras=max_loras,
+            max_cpu_loras=max_cpu_loras,
+            max_lora_rank=args.rank,
+        )
+    )
+    if engine.lora is not None:
+        # Names sharing a directory share one read at registration (1000 names, few files).
+        read = {path: engine.lora.read(str(path)) for path in set(adapters.values())}
+        for adapter, path in adapters.items():
+            engine.lora.add(adapter, str(path), read[path])
+    warm = [BenchRequest(r.index, r.prompt_token_ids[:16], 4) for r in requests[:4]]
+    _run(engine, warm, assignment[:4], "warmup", [])
+    before = engine.stats().lora
+    running: list[int] = []
+    tokens, wall, cpu = timed(lambda: _run(engine, requests, assignment, "run", running))
+    # The running set each step starts from: the slot limit shows here.
+    extra: dict[str, Any] = {"num_steps": len(running), "mean_batch": sum(running) / len(running)}
+    if before is not None and (after := engine.stats().lora) is not None:
+        extra |= {k: v - getattr(before, k) for k, v in asdict(after).items()}
+    cell = Cell(name, "loragate", setting, len(requests), len(requests), tokens, wall, cpu, extra)
+    print(
+        f"  {name} ({setting}): {cell.tokens_per_s:.1f} tok/s wall, "
+        f"{cell.tokens_per_cpu_s:.1f} tok/cpu-s, mean batch {extra['mean_batch']:.1f}",
+        flush=True,
+    )
+    return cell
+
+
+def _run(
+    engine: LLMEngine,
+    requests: Sequence[BenchRequest],
+    assignment: Sequence[str | None],
+    label: str,
+    running: list[int],
+) -> int:
+    for r, adapter in zip(requests, assignment, strict=True):
+        params = SamplingParams(temperature=0.0, max_tokens=r.num_output_tokens, ignore_eos=True)
+        rid = RequestId(f"{label}-{r.index}")
+        engine.add_request(EngineRequest(rid, r.prompt_token_ids, params, adapter_name=adapter))
+    num_tokens = 0
+    while engine.has_unfinished_requests():
+        running.append(len(engine.scheduler.running))
+        for out in engine.step():
+            if out.error is not None:
+                raise RuntimeError(f"{out.request_id} failed: {out.error}")
+            num_tokens += sum(len(c.token_ids) for c in out.choices)
+    if num_tokens != sum(r.num_output_tokens for r in requests):
+        raise RuntimeError(f"{label}: {num_tokens} tokens, not each request's own length")
+    return num_tokens
+
+
+# ---- report ---------------------------------------------------------------------------------
+
+
+def format_cells(cells: Sequence[Cell], reference: Cell) -> str:
+    header = ("run", "system", "setting", "requests", "tok/s", "tok/cpu-s", "vs LoRA (cpu)")
+    rows = [header]
+    for c in cells:
+        requests = str(c.num_requests)
+        if c.num_requests < c.num_requests_total:
+            requests = f"first {c.num_requests} of {c.num_requests_total}"
+        ratio = c.tokens_per_cpu_s / reference.tokens_per_cpu_s
+        rows.append((c.name, c.system, c.setting, requests, f"{c.tokens_per_s:.1f}",
+                     f"{c.tokens_per_cpu_s:.1f}", f"{ratio:.2f}x"))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def ratios(
+    base: Cell, lora: Cell, mixed: Cell, seq: Cell, s1: Cell, sn: Cell, *, cpu: bool
+) -> dict[str, float]:
+    def rate(c: Cell) -> float:
+        return c.tokens_per_cpu_s if cpu else c.tokens_per_s
+
+    return {
+        "lora_overhead": rate(base) / rate(lora),  # = LoRA time / base time, same tokens
+        "vs_peft_mixed": rate(lora) / rate(mixed),
+        "vs_peft_sequential": rate(lora) / rate(seq),
+        "scaling_loss_1_to_1000": 1 - rate(sn) / rate(s1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=None, help="default .cache/models/<size>")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--quick", action="store_true", help="reduced workload, under a minute")
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--adapter-dir", type=Path, default=Path(".cache/lora_bench"))
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    args.rank = plan.rank
+    torch.set_num_threads(args.threads)
+    started = datetime.datetime.now().astimezone()
+    load_start = load_average()
+    model_dir = ensure_model(
+        args.model or Path(f".cache/models/{plan.model_size}"), plan.model_size
+    )
+    print(f"threads {args.threads}, dtype {args.dtype}, load average {load_start}", flush=True)
+    requests = make_workload(plan.workload, token_pool(model_dir))
+    print(f"workload {plan.workload.name}: {summarize(requests)}", flush=True)
+    count = max(plan.num_adapters, plan.scaling_dirs)
+    dirs = make_adapters(model_dir, args.adapter_dir / plan.model_size, count=count, rank=plan.rank)
+    eight = {f"lora{i}": dirs[i] for i in range(plan.num_adapters)}
+    mix = round_robin(len(requests), list(eight))
+    none: list[str | None] = [None] * len(requests)
+
+    def run(
+        name: str,
+        setting: str,
+        assignment: Sequence[str | None],
+        adapters: dict[str, Path],
+        **kw: Any,
+    ) -> Cell:
+        return run_loragate(name, setting, model_dir, args, requests, assignment, adapters, **kw)
+
+    tries: dict[str, list[Cell]] = {"base": [], "lora": []}
+    for _ in range(plan.repeats):  # interleaved, so drift and warm-up hit both alike
+        tries["base"].append(run("base", "no adapter", none, eight, max_loras=8, max_cpu_loras=8))
+        tries["lora"].append(
+            run(
+                "lora",
+                f"{plan.num_adapters} adapters r{plan.rank}",
+                mix,
+                eight,
+                max_loras=8,
+                max_cpu_loras=8,
+            )
+        )
+    base, lora = (min(tries[k], key=lambda c: c.cpu_s) for k in ("base", "lora"))
+    nolora = run(
+        "base-nolora", "LoRA disabled", none, {}, max_loras=8, max_cpu_loras=8, enable_lora=False
+    )
+    peft = load_peft(model_dir, _DTYPES[args.dtype], eight)
+    mixed, seq = (
+        Cell(name, "peft", setting, n, len(requests), tokens, wall, cpu)
+        for name, setting, n, tokens, wall, cpu in run_peft(
+            peft, plan.peft_mixed, plan.peft_sequential, requests, mix
+        )
+    )
+    del peft
+    for c in (mixed, seq):
+        print(
+            f"  {c.name}: {c.tokens_per_s:.1f} tok/s wall, {c.tokens_per_cpu_s:.1f} tok/cpu-s",
+            flush=True,
+        )
+    scaling = []
+    for n in plan.scaling:
+        names = [f"a{i}" for i in range(n)]
+        adapters = {name: dirs[i % plan.scaling_dirs] for i, name in enumerate(names)}
+        assignment = zipf_assign(len(requests), names, s=plan.zipf_s, seed=plan.workload.seed)
+        setting = f"{n} registered, {len(set(assignment))} used, zipf {plan.zipf_s}"
+        scaling.append(
+            run(
+                f"scale-{n}",
+                setting,
+                assignment,
+                adapters,
+                max_loras=plan.max_loras,
+                max_cpu_loras=plan.max_cpu_loras,
+            )
+        )
+
+    cells = [base, lora, nolora, mixed, seq, *scaling]
+    by_cpu = ratios(base, lora, mixed, seq, scaling[0], scaling[-1], cpu=True)
+    by_wall = ratios(base, lora, mixed, seq, scaling[0], scaling[-1], cpu=False)
+    print()
+    print(format_cells(cells, lora))
+    for label, r in (("cpu time", by_cpu), ("wall time", by_wall)):
+        print(f"\n[{label}] (a) LoRA / base time {r['lora_overhead']:.3f}x (goal <= 1.25x); "
+              f"(b) vs PEFT mixed {r['vs_peft_mixed']:.2f}x (goal >= 4x), vs PEFT one at a time "
+              f"{r['vs_peft_sequential']:.2f}x; (c) loss 1 -> {plan.scaling[-1]} adapters "
+              f"{100 * r['scaling_loss_1_to_1000']:.1f}% (goal <= 15%)")  # fmt: skip
+    load_end = load_average()
+    print(f"load average at start {load_start}, at end {load_end}")
+    if args.json is not None:
+        record = {
+            "ratios": by_cpu,
+            "ratios_wall": by_wall,
+            "cells": [
+                {
+                    **asdict(c),
+                    "tokens_per_s": c.tokens_per_s,
+                    "tokens_per_cpu_s": c.tokens_per_cpu_s,
+                }
+                for c in cells
+            ],
+            "repeats": {k: [asdict(c) for c in v] for k, v in tries.items()},
+            "plan": asdict(plan),
+            "summary": summarize(requests),
+            "quick": args.quick,
+            "model": str(model_dir),
+            "dtype": args.dtype,
+            "threads": args.threads,
+            "date": started.isoformat(timespec="seconds"),
+            "machine": {
+                **machine_info(),
+                "load_average_start": load_start,
+                "load_average_end": load_end,
+            },
+            "versions": versions(),
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
