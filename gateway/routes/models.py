@@ -7,7 +7,6 @@ from typing import Any
 from fastapi import APIRouter
 
 from gateway.deps import StateDep, TenantDep
-from gateway.errors import ModelNotFound
 from gateway.policy import AdapterRef
 
 router = APIRouter(tags=["models"])
@@ -32,9 +31,7 @@ async def list_models(state: StateDep, ctx: TenantDep) -> dict[str, Any]:
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, state: StateDep, ctx: TenantDep) -> dict[str, Any]:
-    if model_id == state.policy.base_model:
+    resolved = await state.policy.resolve(ctx, model_id)  # 404 for what this key may not see
+    if resolved.adapter is None:
         return _model(model_id, state.policy.started_at, "loragate")
-    adapter = (await state.policy.adapters(ctx)).get(model_id)
-    if adapter is None:
-        raise ModelNotFound()
-    return _adapter(adapter)
+    return _adapter(resolved.adapter)
