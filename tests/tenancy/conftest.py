@@ -8,19 +8,14 @@ prefix (only those keys are deleted afterwards) and its own PostgreSQL database.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
-import shutil
-import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 import redis.asyncio as aioredis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -30,33 +25,7 @@ from tenancy.settings import TenancySettings
 
 # --import-mode=importlib puts no test directory on sys.path; the helper module lives here.
 sys.path.insert(0, str(Path(__file__).parent))
-from tenancy_factories import SecretRegistry, free_port, wait_port
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
-
-
-@pytest.fixture(scope="session")
-def redis_server_url() -> Iterator[str]:
-    if os.environ.get("REDIS_URL"):
-        yield os.environ["REDIS_URL"]
-        return
-    if shutil.which("redis-server") is None:
-        pytest.skip("no REDIS_URL and no redis-server binary on PATH")
-    port = free_port()
-    workdir = tempfile.mkdtemp(prefix="lg-redis-")
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", workdir],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        wait_port(port)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        shutil.rmtree(workdir, ignore_errors=True)
+from tenancy_factories import SecretRegistry
 
 
 @pytest.fixture
@@ -65,66 +34,10 @@ def redis_url(redis_server_url: str) -> str:
 
 
 @pytest.fixture
-def redis_prefix(redis_server_url: str) -> Iterator[str]:
-    """A key prefix private to this test; its keys (and only those) are deleted afterwards."""
-    prefix = f"lgtest:{uuid.uuid4().hex[:12]}:"
-    yield prefix
-    client = redis.Redis.from_url(redis_server_url)
-    try:
-        batch = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        for i in range(0, len(batch), 500):
-            client.delete(*batch[i : i + 500])
-    finally:
-        client.close()
-
-
-@pytest.fixture
 async def aredis(redis_server_url: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(redis_server_url)
     yield client
     await client.aclose()
-
-
-def _as_root_postgres(cmd: list[str]) -> list[str]:
-    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
-
-
-@pytest.fixture(scope="session")
-def postgres_server_url() -> Iterator[str]:
-    """A URL (postgresql+asyncpg://...) to a server where the tests may create databases."""
-    if os.environ.get("DATABASE_URL"):
-        url = os.environ["DATABASE_URL"]
-        for plain in ("postgresql://", "postgres://"):
-            if url.startswith(plain):
-                url = "postgresql+asyncpg://" + url[len(plain) :]
-        yield url
-        return
-    if not (PG_BIN / "initdb").exists():
-        pytest.skip(f"no DATABASE_URL and no PostgreSQL binaries under {PG_BIN}")
-    port = free_port()
-    root = Path(tempfile.mkdtemp(prefix="lg-pg-"))
-    data = root / "data"
-    if os.geteuid() == 0:
-        shutil.chown(root, user="postgres")
-    subprocess.run(
-        _as_root_postgres([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres",
-                           "--auth=trust", "-E", "UTF8", "--no-sync"]),
-        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-    subprocess.run(
-        _as_root_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-o", opts,
-                           "-l", str(root / "log"), "-w", "start"]),
-        check=True, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run(
-            _as_root_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
-            check=False, stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
