@@ -30,7 +30,6 @@ from engine.request import EngineRequest, RequestId
 from engine.sampler import Sampler, SamplingRow
 from engine.scheduler import Scheduler, adapter_of
 from engine.sequence import Sequence
-from lora.errors import AdapterError
 from lora.manager import LoRAManager
 from lora.registry import AdapterId
 
@@ -145,12 +144,10 @@ class LLMEngine:
         name = request.adapter_name
         if name is None or name == self.model_name:
             return None
-        if self.lora is not None:
-            try:
-                return self.lora.resolve(name)
-            except AdapterError:
-                pass  # the same 404 as with LoRA disabled
-        raise AdapterNotFoundError(f"model {name[:200]!r} does not exist", param="model")
+        adapter_id = None if self.lora is None else self.lora.find(name)
+        if adapter_id is None:
+            raise AdapterNotFoundError(f"model {name[:200]!r} does not exist", param="model")
+        return adapter_id
 
     def add_request(self, request: EngineRequest) -> None:
         self.validate(request)

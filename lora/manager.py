@@ -107,10 +107,11 @@ class LoRAManager:
         self.cache.register(record.adapter_id, adapter)
         return record
 
-    def resolve(self, name: str) -> AdapterId:
-        record = self.registry.lookup(name)
-        if self.cache.is_unloading(record.adapter_id):
-            raise AdapterNotFoundError(f"adapter {name[:200]!r} does not exist", param="model")
+    def find(self, name: str) -> AdapterId | None:
+        """The adapter a request's `model` names; None if unknown or being unloaded."""
+        record = self.registry.get(name)
+        if record is None or self.cache.is_unloading(record.adapter_id):
+            return None
         return record.adapter_id
 
     def begin_unload(self, name: str) -> AdapterId:

@@ -8,7 +8,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import NewType
 
-from lora.errors import AdapterConflictError, AdapterNameError, AdapterNotFoundError
+from lora.errors import AdapterConflictError, AdapterNameError
 
 AdapterId = NewType("AdapterId", int)
 
@@ -66,12 +66,6 @@ class AdapterRegistry:
 
     def by_id(self, adapter_id: AdapterId) -> AdapterRecord:
         return self._by_id[adapter_id]
-
-    def lookup(self, name: str) -> AdapterRecord:
-        record = self._by_name.get(name)
-        if record is None:
-            raise AdapterNotFoundError(f"adapter {name[:200]!r} does not exist", param="model")
-        return record
 
     def existing(self, name: str, path: str) -> AdapterRecord | None:
         """The record already holding `name` for `path` (a repeated load is idempotent), None
