@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Header
@@ -17,6 +18,8 @@ from gateway.errors import Unauthorized
 from gateway.state import GatewayState
 
 router = APIRouter(tags=["operations"])
+
+logger = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 2.0
 
@@ -51,7 +54,8 @@ async def ready(state: StateDep) -> Response:
     )
     try:
         engines = await asyncio.wait_for(state.engine.check_ready(), READY_TIMEOUT_S)
-    except Exception:
+    except Exception as exc:  # a readiness probe answers "not ready" whatever broke; never a 500
+        logger.warning("engine readiness check failed: %s", type(exc).__name__)
         engines = {}
     checks = {"database": database, "redis": redis, "engines": any(engines.values())}
     ok = all(checks.values())
