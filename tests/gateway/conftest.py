@@ -3,7 +3,6 @@ every log record of the run for keys, salts and prompt texts (SECURITY.md)."""
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,36 +13,16 @@ import pytest_asyncio
 # --import-mode=importlib puts no test directory on sys.path; the helper modules live here.
 sys.path.insert(0, str(Path(__file__).parent))
 from gateway_harness import Gateway, SecretScan, gateway_settings, running_gateway
-
-
-class _CaptureAll(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(level=logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            text = record.getMessage()
-        except Exception:  # a malformed record is still scanned by its raw parts
-            text = f"{record.msg!r} {record.args!r}"
-        self.lines.append(f"{text} {record.exc_text or ''}")
+from log_capture import captured_log_lines
 
 
 @pytest.fixture(scope="session")
 def secret_scan() -> Iterator[SecretScan]:
     """Captures every log record of the gateway tests (DEBUG and up) and scans it at the end."""
     scan = SecretScan()
-    handler = _CaptureAll()
-    root = logging.getLogger()
-    old_level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    try:
+    with captured_log_lines() as lines:
         yield scan
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(old_level)
-    leaked = scan.leaked(handler.lines)
+    leaked = scan.leaked(lines)
     assert not leaked, f"secrets or prompts found in log records: {leaked}"
 
 

@@ -7,7 +7,6 @@ prefix (only those keys are deleted afterwards) and its own PostgreSQL database.
 
 from __future__ import annotations
 
-import logging
 import secrets
 import sys
 import uuid
@@ -25,6 +24,7 @@ from tenancy.settings import TenancySettings
 
 # --import-mode=importlib puts no test directory on sys.path; the helper module lives here.
 sys.path.insert(0, str(Path(__file__).parent))
+from log_capture import captured_log_lines
 from tenancy_factories import SecretRegistry
 
 
@@ -90,34 +90,13 @@ async def migrated_engine(sqlite_url: str) -> AsyncIterator[AsyncEngine]:
     await engine.dispose()
 
 
-class _CaptureAll(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(level=logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            text = record.getMessage()
-        except Exception:  # a malformed record still gets scanned by its raw parts
-            text = f"{record.msg!r} {record.args!r}"
-        self.lines.append(f"{text} {record.exc_text or ''}")
-
-
 @pytest.fixture(scope="session")
 def secret_registry() -> Iterator[SecretRegistry]:
     """Captures every log record of the tenancy run (DEBUG and up) and greps it at the end."""
     registry = SecretRegistry()
-    handler = _CaptureAll()
-    root = logging.getLogger()
-    old_level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    try:
+    with captured_log_lines() as lines:
         yield registry
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(old_level)
-    leaked = [v[:6] + "..." for v in registry.values if any(v in line for line in handler.lines)]
+    leaked = [v[:6] + "..." for v in registry.values if any(v in line for line in lines)]
     assert not leaked, f"secrets found in log records: {leaked}"
 
 
