@@ -119,20 +119,47 @@ def _decode(
         kv_shape = (num_rows, group.max_context, *k_cache.shape[1:])
         keys = _gather(k_cache, group.slots).view(kv_shape)  # [rows, ctx, kv_heads, head_dim]
         values = _gather(v_cache, group.slots).view(kv_shape)
-        result = F.scaled_dot_product_attention(
-            q.index_select(0, group.rows).unsqueeze(2),  # [rows, num_heads, 1, head_dim]
-            keys.transpose(1, 2),  # [rows, kv_heads, ctx, head_dim]
-            values.transpose(1, 2),
-            attn_mask=group.mask,  # [rows, 1, 1, ctx]
-            scale=scale,
-            enable_gqa=True,
-        ).squeeze(2)  # [rows, num_heads, head_dim]
+        query = q.index_select(0, group.rows)  # [rows, num_heads, head_dim]
+        if q.device.type == "cpu":
+            result = _decode_matmul(query, keys, values, group.mask, scale)
+        else:
+            result = F.scaled_dot_product_attention(
+                query.unsqueeze(2),  # [rows, num_heads, 1, head_dim]
+                keys.transpose(1, 2),  # [rows, kv_heads, ctx, head_dim]
+                values.transpose(1, 2),
+                attn_mask=group.mask,  # [rows, 1, 1, ctx]
+                scale=scale,
+                enable_gqa=True,
+            ).squeeze(2)  # [rows, num_heads, head_dim]
         if out is None:
             # One group holds every row, in length order: put them back in batch order.
             return torch.empty_like(result).index_copy_(0, group.rows, result)
         out.index_copy_(0, group.rows, result)
     assert out is not None
     return out
+
+
+def _decode_matmul(
+    query: torch.Tensor,  # [rows, num_heads, head_dim]
+    keys: torch.Tensor,  # [rows, ctx, kv_heads, head_dim]
+    values: torch.Tensor,  # [rows, ctx, kv_heads, head_dim]
+    mask: torch.Tensor,  # [rows, 1, 1, ctx] bool, True = attend
+    scale: float,
+) -> torch.Tensor:  # [rows, num_heads, head_dim]
+    """One query row per sequence as two batched matmuls per KV head group, softmax in float32
+    (the eager attention of transformers). On CPU, SDPA's flash kernel handles a single query
+    row poorly: for 16 rows x 300 keys it took 8 ms in bf16 where this takes 1.3 ms (AMD EPYC,
+    one thread), and it was no faster in float32. The query heads sharing a KV head multiply
+    together, so grouped-query attention needs no repeated keys."""
+    rows, num_heads, head_dim = query.shape
+    kv_heads = keys.shape[2]
+    grouped = query.view(rows, kv_heads, num_heads // kv_heads, head_dim)
+    keys = keys.transpose(1, 2).contiguous()  # [rows, kv_heads, ctx, head_dim]
+    values = values.transpose(1, 2).contiguous()
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float()  # [rows, kv_heads, group, ctx]
+    scores.mul_(scale).masked_fill_(mask.logical_not(), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    return torch.matmul(probs, values).view(rows, num_heads, head_dim)
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
