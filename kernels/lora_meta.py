@@ -10,12 +10,15 @@ Data layout (num_slots adapter slots, each stack padded to ``max_rank``)::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Literal
 
 import torch
+
+from kernels.cpu_plan import CpuPlan, plan_cpu
 
 # segmented: runs of tokens sharing a slot (prefill); gathered: one slot per token (decode).
 LoRAForm = Literal["segmented", "gathered"]
@@ -37,6 +40,21 @@ class LoRAKernelMeta:
     max_rank: int  # the stacks' padded rank dimension
     active_slots: tuple[int, ...]  # distinct slots >= 0 present in the batch, ascending
     max_segment_len: int  # longest run of one slot (host-side, sizes the segmented grid)
+    # Host-side copies for the CPU path, which loops over runs without reading device tensors:
+    segments: tuple[tuple[int, int, int], ...]  # (start, end, slot) of each run with slot >= 0
+    ranks: tuple[int, ...]  # = slot_ranks
+    cpu: CpuPlan | None  # how the CPU path groups the runs (None off the CPU)
+
+    def with_rank_factor(self, factor: int) -> LoRAKernelMeta:
+        """The same tokens and slots for stacks of ``factor`` sub-projections: every rank and the
+        padded rank dimension times ``factor`` (see lora/layers.py)."""
+        ranks = tuple(factor * r for r in self.ranks)
+        return dataclasses.replace(
+            self,
+            slot_ranks=torch.tensor(ranks, dtype=torch.int32).to(self.slot_ranks.device),
+            max_rank=factor * self.max_rank,
+            ranks=ranks,
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -111,6 +129,13 @@ class LoRAKernelMeta:
         starts.append(len(slots))
         max_segment_len = max((b - a for a, b in pairwise(starts)), default=0)
 
+        segments = tuple(
+            (start, end, slot)
+            for (start, end), slot in zip(pairwise(starts), seg_slots, strict=True)
+            if slot >= 0
+        )
+        device = torch.device(device)
+
         def as_tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int32).to(device)
 
@@ -122,4 +147,7 @@ class LoRAKernelMeta:
             max_rank=int(max_rank),
             active_slots=tuple(sorted({s for s in slots if s >= 0})),
             max_segment_len=max_segment_len,
+            segments=segments,
+            ranks=tuple(ranks),
+            cpu=plan_cpu(segments, slots, device) if device.type == "cpu" else None,
         )

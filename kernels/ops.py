@@ -1,6 +1,7 @@
 """LoRA ops: the Triton kernels on CUDA tensors, the PyTorch reference otherwise.
 
-The delta of one LoRA linear layer is ``lora_expand(lora_shrink(x, A, meta), B, meta, out)``.
+The delta of one LoRA linear layer is ``lora_expand(lora_shrink(x, A, meta), B, meta, out)``;
+``lora_add`` does both (on CPU fused into one grouped pass in the inputs' dtype).
 ``form="segmented"`` suits prefill chunks (long runs of one slot), ``form="gathered"`` suits
 decode (one token per sequence, slots in any order); both give the same result.
 """
@@ -10,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from kernels.lora_meta import LoRAForm, LoRAKernelMeta
-from kernels.reference import lora_expand_ref, lora_shrink_ref
+from kernels.reference import lora_add_cpu, lora_expand_ref, lora_shrink_ref
 
-__all__ = ["LoRAForm", "LoRAKernelMeta", "lora_expand", "lora_shrink"]
+__all__ = ["LoRAForm", "LoRAKernelMeta", "lora_add", "lora_expand", "lora_shrink"]
 
 _FORMS: tuple[str, ...] = ("segmented", "gathered")
 
@@ -59,3 +60,26 @@ def lora_expand(
         lora_expand_triton(y, lora_b, meta, out, form=form)
         return
     lora_expand_ref(y, lora_b, meta, out)
+
+
+def lora_add(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    meta: LoRAKernelMeta,
+    out: torch.Tensor,
+    *,
+    form: LoRAForm,
+) -> None:
+    """``out += lora_expand(lora_shrink(x, lora_a, meta), lora_b, meta)``, per token's slot.
+
+    x: [num_tokens, in_features]; lora_a: [num_slots, max_rank, in_features];
+    lora_b: [num_slots, out_features, max_rank]; out: [num_tokens, out_features]. On CUDA the
+    two Triton kernels run with a float32 intermediate; on CPU ``lora_add_cpu`` runs, which
+    needs one dtype for all four tensors.
+    """
+    if x.is_cuda:
+        lora_expand(lora_shrink(x, lora_a, meta, form=form), lora_b, meta, out, form=form)
+        return
+    _check_form(form)
+    lora_add_cpu(x, lora_a, lora_b, meta, out)

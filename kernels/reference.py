@@ -1,21 +1,21 @@
-"""PyTorch reference of the LoRA kernels; also the CPU path of ``kernels.ops``.
+"""PyTorch reference of the LoRA kernels, and the CPU path of ``kernels.ops``.
 
-Grouped per adapter: one matmul pair per active slot over that slot's tokens, never a loop over
-tokens. The segmented and gathered forms differ only in how a kernel finds a token's slot, so the
-reference serves both.
+Grouped per run of one adapter slot (``meta.segments``, host-side): one matmul pair per run,
+never a loop over tokens, and no gather or scatter: a run is a plain row slice. The segmented
+and gathered forms differ only in how a kernel finds a token's slot, so the reference serves
+both.
+
+``lora_shrink_ref`` / ``lora_expand_ref`` are the exact semantics (float32 products), against
+which the Triton kernels are tested. ``lora_add_cpu`` is what runs on CPU: the same grouping
+with both products in the activations' dtype, fused into an in-place ``addmm_``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kernels.cpu_plan import plan_cpu
 from kernels.lora_meta import LoRAKernelMeta
-
-
-def _rows_of(meta: LoRAKernelMeta, slot: int) -> torch.Tensor | None:
-    """Indices of the tokens using ``slot``; None when every token does (a plain slice is cheaper)."""
-    rows = (meta.token_slots == slot).nonzero().squeeze(1)  # [num_rows] int64
-    return None if rows.numel() == meta.num_tokens else rows
 
 
 def lora_shrink_ref(x: torch.Tensor, lora_a: torch.Tensor, meta: LoRAKernelMeta) -> torch.Tensor:
@@ -26,16 +26,11 @@ def lora_shrink_ref(x: torch.Tensor, lora_a: torch.Tensor, meta: LoRAKernelMeta)
     Returns [num_tokens, max_rank] float32 (products accumulated in float32).
     """
     out = torch.zeros(meta.num_tokens, meta.max_rank, dtype=torch.float32, device=x.device)
-    for slot in meta.active_slots:
-        rank = int(meta.slot_ranks[slot])
-        if rank == 0:
-            continue
-        a = lora_a[slot, :rank].float()  # [rank, in_features]
-        rows = _rows_of(meta, slot)
-        if rows is None:
-            out[:, :rank] = x.float() @ a.T
-        else:
-            out[rows, :rank] = x[rows].float() @ a.T
+    for start, end, slot in meta.segments:
+        rank = meta.ranks[slot]
+        if rank:
+            a = lora_a[slot, :rank].float()  # [rank, in_features]
+            out[start:end, :rank] = x[start:end].float() @ a.T
     return out
 
 
@@ -49,14 +44,48 @@ def lora_expand_ref(
     out: [num_tokens, out_features], any float dtype, updated in place; may be a strided view
     (a column slice of a fused projection output).
     """
-    for slot in meta.active_slots:
-        rank = int(meta.slot_ranks[slot])
-        if rank == 0:
-            continue
-        b = lora_b[slot, :, :rank].float()  # [out_features, rank]
-        rows = _rows_of(meta, slot)
-        if rows is None:
-            out += (y[:, :rank].float() @ b.T).to(out.dtype)
-        else:
-            delta = y[rows, :rank].float() @ b.T  # [num_rows, out_features] float32
-            out.index_add_(0, rows, delta.to(out.dtype))
+    for start, end, slot in meta.segments:
+        rank = meta.ranks[slot]
+        if rank:
+            b = lora_b[slot, :, :rank].float()  # [out_features, rank]
+            out[start:end] += (y[start:end, :rank].float() @ b.T).to(out.dtype)
+
+
+def lora_add_cpu(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    meta: LoRAKernelMeta,
+    out: torch.Tensor,
+) -> None:
+    """``lora_expand_ref(lora_shrink_ref(x, lora_a, meta), lora_b, meta, out)`` computed in the
+    inputs' dtype: x, lora_a, lora_b and out share one dtype.
+
+    Per long run: ``y = x[run] @ A.T`` and ``out[run].addmm_(y, B.T)``, two BLAS calls and no
+    temporary of the output's width; short runs side by side share one masked pair (see
+    kernels/cpu_plan.py, whose precondition on the stacks this inherits: finite, zero beyond each
+    slot's rank). In float32 this is the reference up to summation order. In bfloat16 the
+    matmuls run on the CPU's bf16 units with float32 accumulation, and y is rounded to bfloat16
+    between the two, as a bf16 PEFT model does; the delta is added to out before out's single
+    rounding. Converting to float32 instead (the reference) made LoRA cost more than the base
+    matmuls it rides on. ``lora_b`` stored as a transposed view of a contiguous
+    [num_slots, max_rank, out_features] stack makes every B operand here a plain view.
+    """
+    plan = (
+        meta.cpu
+        if meta.cpu is not None
+        else plan_cpu(meta.segments, meta.token_slots.tolist(), x.device)
+    )
+    for start, end, slot in plan.runs:
+        rank = meta.ranks[slot]
+        if rank:
+            y = x[start:end] @ lora_a[slot, :rank].T  # [rows, rank]
+            out[start:end].addmm_(y, lora_b[slot, :, :rank].T)
+    max_rank, in_features = lora_a.shape[1:]
+    for block in plan.blocks:
+        num_rows, num_slots = block.end - block.start, block.hi - block.lo
+        a = lora_a[block.lo : block.hi].reshape(num_slots * max_rank, in_features)
+        y = x[block.start : block.end] @ a.T  # [rows, slots * max_rank]
+        y.view(num_rows, num_slots, max_rank).masked_fill_(block.off, 0)
+        b = lora_b[block.lo : block.hi].transpose(1, 2).reshape(num_slots * max_rank, -1)
+        out[block.start : block.end].addmm_(y, b)  # b: [slots * max_rank, out_features]

@@ -3,16 +3,14 @@
 The flat batch holds decode tokens first (one per sequence), then each prefill chunk
 contiguously; the runner puts the sequences of one adapter side by side within each. On an
 accelerator the decode rows get the gathered form (a slot per sequence, in any order) and the
-prefill rows the segmented form (a run of tokens per chunk). On the CPU the kernels' grouped
-reference runs, which ignores the form but pays per slot for gathering rows, scattering them
-back (index_add_) and finding them; given one run of a single slot it takes plain slices
-instead, so there each part is one run of one adapter (base-model rows get no part at all).
+prefill rows the segmented form (a run of tokens per chunk). On the CPU one part covers the
+whole batch: the grouped CPU path walks its runs of one adapter (meta.segments) as row slices,
+skipping base-model rows, and the part's metadata is built once per step.
 A batch in which no token uses an adapter gets no LoRABatch.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,7 +51,7 @@ def build_lora_batch(
     """`seq_slots[i]` (NO_SLOT = base model) applies to the `seq_num_tokens[i]` tokens of the
     i-th scheduled sequence in flat-batch order; the first `num_decodes` are decodes.
     `split_forms` (default: off the CPU) gives decode and prefill rows a part each; otherwise
-    each run of one adapter is a part."""
+    one part covers every row."""
     if all(slot == NO_SLOT for slot in seq_slots):
         return None
     token_slots: list[int] = []
@@ -64,31 +62,13 @@ def build_lora_batch(
     if device.type != "cpu" if split_forms is None else split_forms:
         spans = [(0, num_decodes, "gathered"), (num_decodes, num_tokens, "segmented")]
     else:
-        spans = [(start, end, "segmented") for start, end in _runs(seq_slots, seq_num_tokens)]
+        spans = [(0, num_tokens, "segmented")]
     parts = []
     for start, end, form in spans:
         rows = token_slots[start:end]
         if all(slot == NO_SLOT for slot in rows):
             continue
         meta = LoRAKernelMeta.build(rows, slot_ranks, max_rank, device)
-        metas = [meta]
-        for n in range(2, max_fused + 1):
-            ranks = torch.tensor([n * r for r in slot_ranks], dtype=torch.int32).to(device)
-            metas.append(dataclasses.replace(meta, slot_ranks=ranks, max_rank=n * max_rank))
+        metas = [meta] + [meta.with_rank_factor(n) for n in range(2, max_fused + 1)]
         parts.append(LoRAPart(slice(start, end), tuple(metas), form))
     return LoRABatch(tuple(parts), num_tokens)
-
-
-def _runs(seq_slots: Sequence[int], seq_num_tokens: Sequence[int]) -> list[tuple[int, int]]:
-    """[start, end) of each maximal run of rows sharing one adapter slot (base rows skipped)."""
-    runs: list[tuple[int, int]] = []
-    start = 0
-    for i, (slot, num_tokens) in enumerate(zip(seq_slots, seq_num_tokens, strict=True)):
-        end = start + num_tokens
-        if slot != NO_SLOT:
-            if runs and i > 0 and seq_slots[i - 1] == slot:
-                runs[-1] = (runs[-1][0], end)
-            else:
-                runs.append((start, end))
-        start = end
-    return runs

@@ -12,7 +12,7 @@ through a block-diagonal B. For a slot whose adapter has rank r (its largest mod
 
 everything else zero (a sub-projection the adapter does not target stays zero). The kernels see
 the slot's rank as n * r. Two launches per wrapper instead of 2n: on CPU that halves the LoRA
-time (the reference pays per call and per slot), on CUDA it halves the launches; the zero
+time (it pays per call and per run of one adapter), on CUDA it halves the launches; the zero
 blocks of B cost (n - 1) / n of the expand's small FLOPs.
 
 Every wrapper of a model shares one LoRAStepContext; the model runner puts the step's LoRABatch
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.ops import lora_expand, lora_shrink
+from kernels.ops import lora_add
 from lora.batch import LoRABatch
 from lora.dims import BaseModelDims
 from lora.loader import LoadedAdapter
@@ -64,15 +64,21 @@ class LoRALinear(nn.Module):
         self.context = context
         n = len(self.subs)
         device = base.weight.device
-        # The CPU reference computes in float32 and would convert a low-precision stack on
-        # every call; float32 stacks there skip that (and keep the adapters' full precision).
-        dtype = torch.float32 if device.type == "cpu" else base.weight.dtype
+        # The model's dtype: the products run where the base matmuls run (bf16 units on CPU).
+        dtype = base.weight.dtype
         self.lora_a = torch.zeros(
             max_loras, n * max_rank, base.in_features, dtype=dtype, device=device
         )
-        self.lora_b = torch.zeros(
-            max_loras, base.out_features, n * max_rank, dtype=dtype, device=device
-        )
+        if device.type == "cpu":
+            # Stored [max_loras, n * max_rank, out_features] and seen transposed: the CPU path's
+            # B operands (one slot's columns, a range of slots) are then views, never copies.
+            self.lora_b = torch.zeros(
+                max_loras, n * max_rank, base.out_features, dtype=dtype, device=device
+            ).transpose(1, 2)
+        else:
+            self.lora_b = torch.zeros(
+                max_loras, base.out_features, n * max_rank, dtype=dtype, device=device
+            )
         # slot -> does its adapter target any sub-projection here (host side, so a batch whose
         # adapters all skip this projection launches nothing for it)
         self.targets = [False] * max_loras
@@ -88,8 +94,7 @@ class LoRALinear(nn.Module):
             if not any(self.targets[s] for s in meta.active_slots):
                 continue
             rows = part.rows
-            y = lora_shrink(x[rows], self.lora_a, meta, form=part.form)  # [n_rows, n * max_rank]
-            lora_expand(y, self.lora_b, meta, out[rows], form=part.form)
+            lora_add(x[rows], self.lora_a, self.lora_b, meta, out[rows], form=part.form)
         return out
 
     def set_slot(self, slot: int, layer: int, adapter: LoadedAdapter | None) -> None:

@@ -118,11 +118,25 @@ def load_adapter(lora_path: str, dims: BaseModelDims, limits: LoaderLimits) -> L
     for (layer, module), (entry_a, entry_b) in sorted(pairs.items()):
         lora_a = read_tensor(weights, entry_a).to(torch.float32)  # [r, in]
         lora_b = read_tensor(weights, entry_b).to(torch.float32)  # [out, r]
-        if not (torch.isfinite(lora_a).all() and torch.isfinite(lora_b).all()):
-            raise AdapterTensorError(f"layer {layer} {module}: LoRA weights are not finite")
         scale = config.module_scale(module_key(layer, module))
-        modules[(layer, module)] = LoraWeights(lora_a.contiguous(), (lora_b * scale).contiguous())
+        lora_b = lora_b * scale
+        if not (_in_range(lora_a) and _in_range(lora_b)):
+            raise AdapterTensorError(
+                f"layer {layer} {module}: LoRA weights (B times the scale) must be finite and "
+                f"within +-{MAX_WEIGHT_MAGNITUDE:g}"
+            )
+        modules[(layer, module)] = LoraWeights(lora_a.contiguous(), lora_b.contiguous())
     return LoadedAdapter(max(w.rank for w in modules.values()), modules, config)
+
+
+# The float16 range: no model dtype turns an accepted weight into inf. Slots of one batch share
+# matmuls on CPU (kernels/cpu_plan.py), where 0 * inf in one tenant's slot would be NaN in
+# another tenant's tokens. Real LoRA weights are many orders of magnitude smaller.
+MAX_WEIGHT_MAGNITUDE = 65504.0
+
+
+def _in_range(tensor: torch.Tensor) -> bool:
+    return bool(torch.isfinite(tensor).all()) and float(tensor.abs().max()) <= MAX_WEIGHT_MAGNITUDE
 
 
 def _pair_entries(

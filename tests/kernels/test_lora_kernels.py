@@ -17,98 +17,25 @@ the reference or a kernel shows up as NaN in its output.
 from __future__ import annotations
 
 import os
-import random
 from collections.abc import Callable
 
 import pytest
 import torch
 
-from kernels.lora_meta import LoRAForm, LoRAKernelMeta
+from kernels.lora_meta import LoRAKernelMeta
 from kernels.ops import lora_expand, lora_shrink
 from kernels.reference import lora_expand_ref, lora_shrink_ref
-
-IN_FEATURES = 96  # not a power of two: exercises the K masks
-OUT_FEATURES = 80  # a slice of a wider fused output, also not a tile multiple
-FUSED_WIDTH, OUT_OFFSET = 200, 30
-MAX_RANK = 64
-RANK_CYCLE = (8, 16, 32, 64)
-FORMS: tuple[LoRAForm, ...] = ("segmented", "gathered")
-MIXES = ("all_distinct", "all_same", "skewed", "zipf", "with_base", "prefill_runs")
-
-
-def _slot_mix(kind: str, num_tokens: int, rng: random.Random) -> tuple[list[int], int]:
-    """(token_slots, num_slots) for one named adapter mix."""
-    if kind == "all_distinct":
-        return list(range(num_tokens)), num_tokens + 1  # one empty slot at the end
-    num_slots = 9  # the last slot stays empty
-    if kind == "all_same":
-        return [3] * num_tokens, num_slots
-    if kind == "skewed":
-        return [
-            0 if rng.random() < 0.8 else rng.randrange(1, 8) for _ in range(num_tokens)
-        ], num_slots
-    if kind == "zipf":
-        weights = [1.0 / (k + 1) ** 1.2 for k in range(8)]
-        return rng.choices(range(8), weights=weights, k=num_tokens), num_slots
-    if kind == "with_base":
-        return [
-            rng.randrange(-1, 8) if rng.random() < 0.7 else -1 for _ in range(num_tokens)
-        ], num_slots
-    # prefill_runs: sequences of random lengths, each on one slot or on the base model.
-    slots: list[int] = []
-    while len(slots) < num_tokens:
-        slots += [rng.randrange(-1, 8)] * rng.randint(1, 12)
-    return slots[:num_tokens], num_slots
-
-
-def _case(
-    kind: str, num_tokens: int, dtype: torch.dtype, seed: int = 0
-) -> tuple[LoRAKernelMeta, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """meta, x, lora_a, lora_b; ranks 8/16/32/64 mixed, the last slot empty, padding NaN."""
-    rng = random.Random(f"{kind}-{num_tokens}-{seed}")
-    gen = torch.Generator().manual_seed(rng.randrange(2**31))
-    token_slots, num_slots = _slot_mix(kind, num_tokens, rng)
-    ranks = [RANK_CYCLE[s % len(RANK_CYCLE)] for s in range(num_slots - 1)] + [0]
-    x = torch.randn(num_tokens, IN_FEATURES, generator=gen)  # [num_tokens, in_features]
-    lora_a = torch.randn(num_slots, MAX_RANK, IN_FEATURES, generator=gen) * 0.3  # [S, R, in]
-    lora_b = torch.randn(num_slots, OUT_FEATURES, MAX_RANK, generator=gen) * 0.3  # [S, out, R]
-    for slot, rank in enumerate(ranks):
-        lora_a[slot, rank:] = float("nan")
-        lora_b[slot, :, rank:] = float("nan")
-    meta = LoRAKernelMeta.build(token_slots, ranks, MAX_RANK, "cpu")
-    return meta, x.to(dtype), lora_a.to(dtype), lora_b.to(dtype)
-
-
-def _fused(num_tokens: int, dtype: torch.dtype) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(num_tokens)
-    return torch.randn(num_tokens, FUSED_WIDTH, generator=gen).to(dtype)  # [T, fused width]
-
-
-def _out_slice(fused: torch.Tensor) -> torch.Tensor:
-    return fused[:, OUT_OFFSET : OUT_OFFSET + OUT_FEATURES]  # [T, out_features], row-strided
-
-
-def _assert_untouched(before: torch.Tensor, after: torch.Tensor, meta: LoRAKernelMeta) -> None:
-    """Columns outside the slice and rows of slot -1 keep their exact bits."""
-    outside = torch.ones(FUSED_WIDTH, dtype=torch.bool)
-    outside[OUT_OFFSET : OUT_OFFSET + OUT_FEATURES] = False
-    assert torch.equal(after[:, outside], before[:, outside])
-    base_rows = meta.token_slots < 0
-    assert torch.equal(after[base_rows], before[base_rows])
-
-
-def _oracle(
-    x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, meta: LoRAKernelMeta
-) -> torch.Tensor:
-    """Naive per-token float64 loop: delta[t] = x[t] @ A[s, :r].T @ B[s, :, :r].T."""
-    delta = torch.zeros(meta.num_tokens, lora_b.shape[1], dtype=torch.float64)  # [T, out]
-    for t, slot in enumerate(meta.token_slots.tolist()):
-        rank = int(meta.slot_ranks[slot]) if slot >= 0 else 0
-        if rank:
-            a, b = lora_a[slot, :rank].double(), lora_b[slot, :, :rank].double()
-            delta[t] = (x[t].double() @ a.T) @ b.T
-    return delta
-
+from tests.kernels.lora_cases import (
+    FORMS,
+    MAX_RANK,
+    MIXES,
+    OUT_FEATURES,
+    assert_untouched,
+    fused_output,
+    make_case,
+    oracle,
+    out_slice,
+)
 
 TritonOps = tuple[Callable[..., torch.Tensor], Callable[..., None]]
 
@@ -147,10 +74,10 @@ def test_build_rejects_out_of_range(
 
 @pytest.mark.parametrize("kind", MIXES)
 def test_reference_matches_float64_loop(kind: str) -> None:
-    meta, x, lora_a, lora_b = _case(kind, 33, torch.float32)
+    meta, x, lora_a, lora_b = make_case(kind, 33, torch.float32)
     out = torch.zeros(meta.num_tokens, OUT_FEATURES)  # [T, out_features]
     lora_expand_ref(lora_shrink_ref(x, lora_a, meta), lora_b, meta, out)
-    torch.testing.assert_close(out.double(), _oracle(x, lora_a, lora_b, meta), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.double(), oracle(x, lora_a, lora_b, meta), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -160,20 +87,20 @@ def test_kernels_match_reference(
     kind: str, num_tokens: int, dtype: torch.dtype, triton_ops: TritonOps
 ) -> None:
     shrink, expand = triton_ops
-    meta, x, lora_a, lora_b = _case(kind, num_tokens, dtype)
+    meta, x, lora_a, lora_b = make_case(kind, num_tokens, dtype)
     y_ref = lora_shrink_ref(x, lora_a, meta)  # [T, max_rank] float32
-    fused_ref = _fused(num_tokens, dtype)
-    lora_expand_ref(y_ref, lora_b, meta, _out_slice(fused_ref))
+    fused_ref = fused_output(num_tokens, dtype)
+    lora_expand_ref(y_ref, lora_b, meta, out_slice(fused_ref))
     expand_tol = 1e-4 if dtype == torch.float32 else 1e-2
 
     results = {}
     for form in FORMS:
         y = shrink(x, lora_a, meta, form=form)
         torch.testing.assert_close(y, y_ref, atol=1e-4, rtol=1e-4)
-        fused = _fused(num_tokens, dtype)
-        expand(y_ref, lora_b, meta, _out_slice(fused), form=form)
+        fused = fused_output(num_tokens, dtype)
+        expand(y_ref, lora_b, meta, out_slice(fused), form=form)
         torch.testing.assert_close(fused, fused_ref, atol=expand_tol, rtol=expand_tol)
-        _assert_untouched(_fused(num_tokens, dtype), fused, meta)
+        assert_untouched(fused_output(num_tokens, dtype), fused, meta)
         results[form] = (y, fused)
     # Both forms agree with each other more tightly than either needs to agree with the reference.
     torch.testing.assert_close(
@@ -183,14 +110,14 @@ def test_kernels_match_reference(
 
 def test_bfloat16_expand_within_one_ulp(triton_ops: TritonOps) -> None:
     shrink, expand = triton_ops
-    meta, x, lora_a, lora_b = _case("with_base", 17, torch.bfloat16)
+    meta, x, lora_a, lora_b = make_case("with_base", 17, torch.bfloat16)
     y_ref = lora_shrink_ref(x, lora_a, meta)
-    fused_ref = _fused(17, torch.bfloat16)
-    lora_expand_ref(y_ref, lora_b, meta, _out_slice(fused_ref))
+    fused_ref = fused_output(17, torch.bfloat16)
+    lora_expand_ref(y_ref, lora_b, meta, out_slice(fused_ref))
     for form in FORMS:
         torch.testing.assert_close(shrink(x, lora_a, meta, form=form), y_ref, atol=1e-4, rtol=1e-4)
-        fused = _fused(17, torch.bfloat16)
-        expand(y_ref, lora_b, meta, _out_slice(fused), form=form)
+        fused = fused_output(17, torch.bfloat16)
+        expand(y_ref, lora_b, meta, out_slice(fused), form=form)
         torch.testing.assert_close(fused, fused_ref, atol=2e-2, rtol=2e-2)
 
 
@@ -207,20 +134,20 @@ def test_batch_without_adapters_is_untouched(triton_ops: TritonOps) -> None:
 
 
 def test_ops_on_cpu_run_the_reference() -> None:
-    meta, x, lora_a, lora_b = _case("with_base", 9, torch.float32)
+    meta, x, lora_a, lora_b = make_case("with_base", 9, torch.float32)
     out = torch.zeros(9, OUT_FEATURES)  # [T, out_features]
     for form in FORMS:
         out.zero_()
         lora_expand(lora_shrink(x, lora_a, meta, form=form), lora_b, meta, out, form=form)
         torch.testing.assert_close(
-            out.double(), _oracle(x, lora_a, lora_b, meta), atol=1e-5, rtol=1e-5
+            out.double(), oracle(x, lora_a, lora_b, meta), atol=1e-5, rtol=1e-5
         )
     with pytest.raises(ValueError, match="form"):
         lora_shrink(x, lora_a, meta, form="bgmv")  # type: ignore[arg-type]
 
 
 def _bad_shrink_args(name: str) -> tuple[torch.Tensor, torch.Tensor, LoRAKernelMeta]:
-    meta, x, lora_a, _ = _case("zipf", 5, torch.float32)
+    meta, x, lora_a, _ = make_case("zipf", 5, torch.float32)
     if name == "x":
         return x[:, :-1], lora_a, meta
     if name == "lora_a":
@@ -238,7 +165,7 @@ def test_shrink_launcher_names_the_bad_argument(name: str, triton_ops: TritonOps
 @pytest.mark.parametrize("name", ["y", "lora_b", "out", "meta"])
 def test_expand_launcher_names_the_bad_argument(name: str, triton_ops: TritonOps) -> None:
     _, expand = triton_ops
-    meta, _, _, lora_b = _case("zipf", 5, torch.float32)
+    meta, _, _, lora_b = make_case("zipf", 5, torch.float32)
     y, out = torch.zeros(5, MAX_RANK), torch.zeros(5, OUT_FEATURES)  # [T, R], [T, out]
     if name == "y":
         y = y.half()
@@ -260,16 +187,16 @@ def test_kernels_on_cuda_match_reference() -> None:
         pytest.skip("TRITON_INTERPRET=1: run with TRITON_INTERPRET=0 to compile for the GPU")
     for kind in MIXES:
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            meta_cpu, x, lora_a, lora_b = _case(kind, 33, dtype)
+            meta_cpu, x, lora_a, lora_b = make_case(kind, 33, dtype)
             ranks = meta_cpu.slot_ranks.tolist()
             meta = LoRAKernelMeta.build(meta_cpu.token_slots.tolist(), ranks, MAX_RANK, "cuda")
-            fused_ref = _fused(33, dtype)
+            fused_ref = fused_output(33, dtype)
             lora_expand_ref(
-                lora_shrink_ref(x, lora_a, meta_cpu), lora_b, meta_cpu, _out_slice(fused_ref)
+                lora_shrink_ref(x, lora_a, meta_cpu), lora_b, meta_cpu, out_slice(fused_ref)
             )
             tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}[dtype]
             for form in FORMS:
-                fused = _fused(33, dtype).cuda()
+                fused = fused_output(33, dtype).cuda()
                 y = lora_shrink(x.cuda(), lora_a.cuda(), meta, form=form)
-                lora_expand(y, lora_b.cuda(), meta, _out_slice(fused), form=form)
+                lora_expand(y, lora_b.cuda(), meta, out_slice(fused), form=form)
                 torch.testing.assert_close(fused.cpu(), fused_ref, atol=tol, rtol=tol)

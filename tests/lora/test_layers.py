@@ -71,8 +71,8 @@ def test_fused_wrapper_adds_each_tokens_own_delta(split_forms: bool):
     )  # fmt: skip
     assert batch is not None
     rows = [(p.rows.start, p.rows.stop) for p in batch.parts]
-    # split: decode rows, prefill rows; else one part per run of one adapter, base rows skipped
-    assert rows == ([(0, 3), (3, 10)] if split_forms else [(0, 1), (2, 3), (3, 7), (7, 10)])
+    # split: decode rows, prefill rows; else one part over every row
+    assert rows == ([(0, 3), (3, 10)] if split_forms else [(0, 10)])
     token_slots = [s for s, n in zip(seq_slots, seq_tokens, strict=True) for _ in range(n)]
     x = torch.randn(len(token_slots), 32)
     h = torch.randn(len(token_slots), 48)
@@ -113,8 +113,7 @@ def test_batch_without_adapters_runs_no_lora_op(monkeypatch: pytest.MonkeyPatch)
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("a LoRA op ran")
 
-    monkeypatch.setattr("lora.layers.lora_shrink", forbidden)
-    monkeypatch.setattr("lora.layers.lora_expand", forbidden)
+    monkeypatch.setattr("lora.layers.lora_add", forbidden)
     with torch.no_grad():
         layers[0].attn.qkv(torch.randn(3, 32))  # context.batch is None
         # An adapter that does not target down_proj launches nothing there either.
@@ -134,11 +133,16 @@ def test_wrapping_checks_the_layout():
         )
 
 
-def test_cpu_parts_are_runs_of_one_adapter():
+def test_cpu_batch_is_one_part_whose_segments_are_runs_of_one_adapter():
     batch = build_lora_batch(
         [0, 0, NO_SLOT, 1, 1, 0], [2, 3, 1, 1, 1, 4], num_decodes=0, slot_ranks=[4, 4],
-        max_rank=4, max_fused=1, device=torch.device("cpu"),
+        max_rank=4, max_fused=2, device=torch.device("cpu"),
     )  # fmt: skip
     assert batch is not None
-    assert [(p.rows.start, p.rows.stop) for p in batch.parts] == [(0, 5), (6, 8), (8, 12)]
-    assert [p.metas[0].active_slots for p in batch.parts] == [(0,), (1,), (0,)]
+    assert [(p.rows.start, p.rows.stop) for p in batch.parts] == [(0, 12)]
+    single, double = batch.parts[0].metas
+    # base-model rows (5) fall in no segment; consecutive sequences of one adapter merge
+    assert single.segments == double.segments == ((0, 5, 0), (6, 8, 1), (8, 12, 0))
+    assert (single.ranks, single.max_rank) == ((4, 4), 4)
+    assert (double.ranks, double.max_rank) == ((8, 8), 8)
+    assert double.slot_ranks.tolist() == [8, 8]

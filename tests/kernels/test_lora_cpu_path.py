@@ -1,0 +1,130 @@
+"""The CPU LoRA path (`kernels.reference.lora_add_cpu`, behind `kernels.ops.lora_add`): a
+matmul pair per long run of one slot, one masked pair per block of short runs
+(kernels/cpu_plan.py), products in the inputs' dtype.
+
+Tolerances (abs and rel): float32 against the float64 per-token oracle 1e-5 (same products,
+another summation order); bfloat16 against the float32 reference 3e-2: the shrink output is
+rounded to bfloat16 (~4e-3 relative) before the expand, and the sum once more at the end.
+The stacks are zero beyond each slot's rank (the path's precondition, which lora/layers.py
+keeps), except where a test shows that long runs never read the padding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu_plan import DENSE_RUN_MAX, plan_cpu
+from kernels.lora_meta import LoRAKernelMeta
+from kernels.ops import lora_add
+from kernels.reference import lora_add_cpu, lora_expand_ref, lora_shrink_ref
+from tests.kernels.lora_cases import (
+    FORMS,
+    MIXES,
+    OUT_FEATURES,
+    assert_untouched,
+    fused_output,
+    make_case,
+    oracle,
+    out_slice,
+)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 7, 33, 80])
+@pytest.mark.parametrize("kind", MIXES)
+def test_float32_matches_the_oracle_and_touches_only_its_rows(kind: str, num_tokens: int) -> None:
+    meta, x, lora_a, lora_b = make_case(kind, num_tokens, torch.float32, padding=0.0)
+    fused = fused_output(num_tokens, torch.float32)
+    before = fused.clone()
+    lora_add_cpu(x, lora_a, lora_b, meta, out_slice(fused))  # a row-strided column slice
+    delta = out_slice(fused).double() - out_slice(before).double()
+    torch.testing.assert_close(delta, oracle(x, lora_a, lora_b, meta), atol=1e-5, rtol=1e-5)
+    assert_untouched(before, fused, meta)
+
+
+@pytest.mark.parametrize("kind", MIXES)
+def test_bfloat16_stays_within_rounding_of_the_float32_reference(kind: str) -> None:
+    meta, x, lora_a, lora_b = make_case(kind, 33, torch.bfloat16, padding=0.0)
+    want = fused_output(33, torch.float32)
+    lora_expand_ref(lora_shrink_ref(x, lora_a, meta), lora_b, meta, out_slice(want))
+    got = fused_output(33, torch.bfloat16)
+    before = got.clone()
+    lora_add_cpu(x, lora_a, lora_b, meta, out_slice(got))
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+    assert_untouched(before, got, meta)
+    assert not torch.equal(got, before)  # the delta was added
+
+
+def test_transposed_b_storage_gives_the_same_result() -> None:
+    # lora/layers.py stores B as [slots, rank, out] on CPU and passes a transposed view
+    meta, x, lora_a, lora_b = make_case("zipf", 40, torch.float32, padding=0.0)
+    assert meta.cpu is not None and meta.cpu.blocks  # the masked path runs
+    stored = lora_b.transpose(1, 2).contiguous()  # [S, R, out]
+    want, got = torch.zeros(40, OUT_FEATURES), torch.zeros(40, OUT_FEATURES)
+    lora_add_cpu(x, lora_a, lora_b, meta, want)
+    lora_add_cpu(x, lora_a, stored.transpose(1, 2), meta, got)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+def test_long_runs_never_read_the_padding() -> None:
+    meta, x, lora_a, lora_b = make_case("prefill_runs", 60, torch.float32)  # NaN padding
+    long_runs = [(a, b, s) for a, b, s in meta.segments if b - a > DENSE_RUN_MAX]
+    long_meta = LoRAKernelMeta.build(
+        [s for a, b, s in long_runs for _ in range(b - a)] or [0] * (DENSE_RUN_MAX + 1),
+        list(meta.ranks),
+        meta.max_rank,
+        "cpu",
+    )
+    assert long_meta.cpu is not None and not long_meta.cpu.blocks
+    num_tokens = long_meta.num_tokens
+    x = torch.randn(num_tokens, x.shape[1])
+    out = torch.zeros(num_tokens, OUT_FEATURES)
+    lora_add_cpu(x, lora_a, lora_b, long_meta, out)
+    torch.testing.assert_close(
+        out.double(), oracle(x, lora_a, lora_b, long_meta), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_plan_groups_neighbouring_short_runs_and_keeps_long_ones_apart() -> None:
+    n = DENSE_RUN_MAX
+    # decode-like short runs of slots 2, 0, base, 1; a long prefill run of slot 3; a lone short
+    # run of slot 0 (a block of one run is just a run); then two short runs again
+    slots = [2, 2, 0, -1, 1] + [3] * (n + 1) + [0] * 3 + [-1] * (n + 4) + [1, 2]
+    segments = LoRAKernelMeta.build(slots, [4] * 4, 4, "cpu").segments
+    plan = plan_cpu(segments, slots, torch.device("cpu"))
+    assert plan.runs == ((5, 6 + n, 3), (6 + n, 9 + n, 0))
+    first, second = plan.blocks
+    assert (first.start, first.end, first.lo, first.hi) == (0, 5, 0, 3)
+    # off[t, j]: token t does not use slot lo + j (the base row uses none)
+    assert first.off.squeeze(-1).tolist() == [
+        [True, True, False],
+        [True, True, False],
+        [False, True, True],
+        [True, True, True],
+        [True, False, True],
+    ]
+    assert (second.start, second.end, second.lo, second.hi) == (13 + 2 * n, 15 + 2 * n, 1, 3)
+
+
+def test_tokens_on_an_empty_slot_and_the_base_model_are_untouched() -> None:
+    meta = LoRAKernelMeta.build([0, 1, -1, 0], [4, 0], 4, "cpu")  # slot 1 holds no adapter
+    x = torch.randn(4, 6)  # [T, in]
+    lora_a, lora_b = torch.zeros(2, 4, 6), torch.zeros(2, 5, 4)  # [S, R, in], [S, out, R]
+    lora_a[0], lora_b[0] = torch.randn(4, 6), torch.randn(5, 4)
+    out = torch.zeros(4, 5)
+    lora_add_cpu(x, lora_a, lora_b, meta, out)
+    assert torch.equal(out[1:3], torch.zeros(2, 5))
+    for t in (0, 3):
+        torch.testing.assert_close(out[t], x[t] @ lora_a[0].T @ lora_b[0].T)
+
+
+def test_ops_lora_add_on_cpu_runs_the_grouped_path() -> None:
+    meta, x, lora_a, lora_b = make_case("with_base", 9, torch.float32, padding=0.0)
+    want = torch.zeros(9, OUT_FEATURES)
+    lora_add_cpu(x, lora_a, lora_b, meta, want)
+    for form in FORMS:
+        out = torch.zeros(9, OUT_FEATURES)
+        lora_add(x, lora_a, lora_b, meta, out, form=form)
+        assert torch.equal(out, want)
+    with pytest.raises(ValueError, match="form"):
+        lora_add(x, lora_a, lora_b, meta, want, form="bgmv")  # type: ignore[arg-type]
