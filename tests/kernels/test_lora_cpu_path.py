@@ -128,3 +128,25 @@ def test_ops_lora_add_on_cpu_runs_the_grouped_path() -> None:
         assert torch.equal(out, want)
     with pytest.raises(ValueError, match="form"):
         lora_add(x, lora_a, lora_b, meta, want, form="bgmv")  # type: ignore[arg-type]
+
+
+def test_a_hostile_slot_in_a_shared_block_cannot_reach_other_tokens() -> None:
+    # Slot 1 holds the largest weights the loader accepts (the float16 range): in float16 its
+    # shrink overflows to inf for every token of the block. Tokens of slot 0 and of the base
+    # model must come out exactly as if slot 1 were empty.
+    meta = LoRAKernelMeta.build([0, 1, -1, 0, 1], [4, 4], 4, "cpu")
+    assert meta.cpu is not None and len(meta.cpu.blocks) == 1
+    x = torch.randn(5, 8).half()  # [T, in]
+    lora_a, lora_b = (
+        torch.zeros(2, 4, 8).half(),
+        torch.zeros(2, 6, 4).half(),
+    )  # [S, R, in] [S, out, R]
+    lora_a[0], lora_b[0] = torch.randn(4, 8).half(), torch.randn(6, 4).half()
+    clean = torch.zeros(5, 6).half()
+    lora_add_cpu(x, lora_a, lora_b, meta, clean)
+    lora_a[1], lora_b[1] = 65504.0, 65504.0
+    out = torch.zeros(5, 6).half()
+    lora_add_cpu(x, lora_a, lora_b, meta, out)
+    for t in (0, 2, 3):
+        assert torch.equal(out[t], clean[t])
+    assert not torch.isfinite(out[1]).all()  # the hostile adapter only breaks its own tokens
