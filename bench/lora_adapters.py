@@ -3,6 +3,7 @@ random weights, cached on disk between runs, and zipf popularity over registered
 
 from __future__ import annotations
 
+import math
 import random
 import warnings
 from collections.abc import Sequence
@@ -51,3 +52,24 @@ def zipf_assign(num_requests: int, names: Sequence[str], *, s: float, seed: int)
     """Each request's adapter, drawn with probability proportional to 1 / rank**s."""
     weights = [1.0 / (i + 1) ** s for i in range(len(names))]
     return random.Random(seed).choices(list(names), weights=weights, k=num_requests)
+
+
+def decode_step_bound(
+    output_lens: Sequence[int],
+    assignment: Sequence[str | None],
+    *,
+    max_loras: int,
+    max_num_seqs: int,
+) -> int:
+    """Fewest decode steps any scheduler needs, prefill aside: a step gives a sequence at most
+    one token and holds at most `max_num_seqs` sequences, and an adapter keeps one of the
+    `max_loras` slots for at least as many steps as its longest request decodes."""
+    longest: dict[str, int] = {}
+    for length, adapter in zip(output_lens, assignment, strict=True):
+        if adapter is not None:
+            longest[adapter] = max(longest.get(adapter, 0), length)
+    return max(
+        max(output_lens, default=0),
+        math.ceil(sum(output_lens) / max_num_seqs),
+        math.ceil(sum(longest.values()) / max_loras),
+    )

@@ -10,7 +10,9 @@ On the engine benchmark's seeded variable-length workload (bench/workload.py):
      (`adapter_names=`) and through PEFT one request at a time (`set_adapter`). Goal: >= 4x
      PEFT's mixed batch.
   c. Adapter scaling: 1, 10, 100, 1000 registered adapters with zipf popularity,
-     max_loras=8, max_cpu_loras=32. Goal: <= 15% throughput loss from 1 to 1000.
+     max_loras=8, max_cpu_loras=32. Goal: <= 15% throughput loss from 1 to 1000. One more
+     cell repeats 1000 with 32 slots (not a goal row), and every cell prints the fewest decode
+     steps any scheduler could take under its slot and seat limits (lora_adapters.py).
 Every cell records wall time and this process's CPU time; the ratios use CPU time (one
 thread: the work done, not the waits on a shared machine), `ratios_wall` the wall time.
 See bench/RESULTS.md ("LoRA throughput").
@@ -29,7 +31,7 @@ from typing import Any
 
 import engine_run
 import torch
-from lora_adapters import make_adapters, round_robin, zipf_assign
+from lora_adapters import decode_step_bound, make_adapters, round_robin, zipf_assign
 from peft_baseline import load_peft, run_peft, timed
 from plan import ensure_model
 from report import load_average, machine_info, versions
@@ -41,6 +43,7 @@ from engine.request import EngineRequest, RequestId
 from engine.sampling_params import SamplingParams
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+MAX_NUM_SEQS = 64
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,9 @@ class LoraPlan:
     zipf_s: float = 1.0
     max_loras: int = 8
     max_cpu_loras: int = 32
+    # One more cell at the largest count with this many slots: shows how much of (c)'s loss is
+    # the slot limit rather than the registry, the disk and the CPU cache.
+    scaling_check_loras: int = 32
 
 
 FULL = LoraPlan(
@@ -127,7 +133,7 @@ def run_loragate(
             model=str(model_dir),
             dtype=args.dtype,
             num_kv_blocks=engine_run.kv_blocks_for(requests, block_size=16),
-            max_num_seqs=64,
+            max_num_seqs=MAX_NUM_SEQS,
             max_num_batched_tokens=2048,
             enable_lora=enable_lora,
             max_loras=max_loras,
@@ -146,13 +152,23 @@ def run_loragate(
     running: list[int] = []
     tokens, wall, cpu = timed(lambda: _run(engine, requests, assignment, "run", running))
     # The running set each step starts from: the slot limit shows here.
-    extra: dict[str, Any] = {"num_steps": len(running), "mean_batch": sum(running) / len(running)}
+    extra: dict[str, Any] = {
+        "num_steps": len(running),
+        "mean_batch": sum(running) / len(running),
+        "decode_step_bound": decode_step_bound(
+            [r.num_output_tokens for r in requests],
+            assignment if enable_lora else [None] * len(requests),
+            max_loras=max_loras,
+            max_num_seqs=MAX_NUM_SEQS,
+        ),
+    }
     if before is not None and (after := engine.stats().lora) is not None:
         extra |= {k: v - getattr(before, k) for k, v in asdict(after).items()}
     cell = Cell(name, "loragate", setting, len(requests), len(requests), tokens, wall, cpu, extra)
     print(
         f"  {name} ({setting}): {cell.tokens_per_s:.1f} tok/s wall, "
-        f"{cell.tokens_per_cpu_s:.1f} tok/cpu-s, mean batch {extra['mean_batch']:.1f}",
+        f"{cell.tokens_per_cpu_s:.1f} tok/cpu-s, mean batch {extra['mean_batch']:.1f}, "
+        f"{extra['num_steps']} steps (decode needs >= {extra['decode_step_bound']})",
         flush=True,
     )
     return cell
@@ -185,15 +201,20 @@ def _run(
 
 
 def format_cells(cells: Sequence[Cell], reference: Cell) -> str:
-    header = ("run", "system", "setting", "requests", "tok/s", "tok/cpu-s", "vs LoRA (cpu)")
+    header = ("run", "system", "setting", "requests", "tok/s", "tok/cpu-s", "vs LoRA (cpu)",
+              "mean batch", "steps (decode bound)")  # fmt: skip
     rows = [header]
     for c in cells:
         requests = str(c.num_requests)
         if c.num_requests < c.num_requests_total:
             requests = f"first {c.num_requests} of {c.num_requests_total}"
         ratio = c.tokens_per_cpu_s / reference.tokens_per_cpu_s
+        batch, steps = "", ""
+        if "num_steps" in c.extra:
+            batch = f"{c.extra['mean_batch']:.1f}"
+            steps = f"{c.extra['num_steps']} (>= {c.extra['decode_step_bound']})"
         rows.append((c.name, c.system, c.setting, requests, f"{c.tokens_per_s:.1f}",
-                     f"{c.tokens_per_cpu_s:.1f}", f"{ratio:.2f}x"))  # fmt: skip
+                     f"{c.tokens_per_cpu_s:.1f}", f"{ratio:.2f}x", batch, steps))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -296,7 +317,16 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
 
-    cells = [base, lora, nolora, mixed, seq, *scaling]
+    n = plan.scaling[-1]
+    check = run(
+        f"scale-{n}-slots{plan.scaling_check_loras}",
+        f"as scale-{n}, max_loras={plan.scaling_check_loras} (not a goal row)",
+        assignment,
+        adapters,
+        max_loras=plan.scaling_check_loras,
+        max_cpu_loras=max(plan.max_cpu_loras, plan.scaling_check_loras),
+    )
+    cells = [base, lora, nolora, mixed, seq, *scaling, check]
     by_cpu = ratios(base, lora, mixed, seq, scaling[0], scaling[-1], cpu=True)
     by_wall = ratios(base, lora, mixed, seq, scaling[0], scaling[-1], cpu=False)
     print()

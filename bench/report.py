@@ -66,7 +66,7 @@ def load_average() -> tuple[float, float, float]:
     return os.getloadavg()
 
 
-def versions() -> dict[str, str]:
+def versions() -> dict[str, str | bool]:
     import transformers
 
     return {

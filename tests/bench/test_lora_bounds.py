@@ -1,0 +1,37 @@
+"""The LoRA benchmark's decode-step bound: the fewest steps any scheduler could take."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def adapters() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "bench_lora_adapters", BENCH_DIR / "lora_adapters.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_limit_can_be_the_binding_one(adapters: ModuleType) -> None:
+    bound = adapters.decode_step_bound
+    # one adapter: the longest request decides
+    assert bound([10, 30, 20], ["a", "a", "a"], max_loras=1, max_num_seqs=64) == 30
+    # seats: 10 requests of 10 tokens through 2 seats need 50 steps
+    assert bound([10] * 10, [None] * 10, max_loras=1, max_num_seqs=2) == 50
+    # slots: 4 adapters whose longest requests decode 10, 20, 30, 40 steps, 2 slots: 50 steps
+    lens, names = [10, 20, 30, 40, 5], ["a", "b", "c", "d", "d"]
+    assert bound(lens, names, max_loras=2, max_num_seqs=64) == 50
+    assert bound(lens, names, max_loras=4, max_num_seqs=64) == 40  # slots no longer bind
+    assert bound(lens, [None] * 5, max_loras=1, max_num_seqs=64) == 40  # base model: no slots
