@@ -1,9 +1,12 @@
 """Attention over the paged KV cache: the PyTorch path (CPU and CUDA).
 
-Cache layout per layer: k_cache, v_cache as [num_blocks * block_size, num_kv_heads, head_dim];
-token at position p of a sequence lives in slot block_table[p // block_size] * block_size +
-p % block_size. The flat batch holds decode tokens first (one per sequence), then each prefill
-chunk contiguously.
+Cache layout per layer: k_cache, v_cache as [num_kv_heads, num_blocks * block_size, head_dim],
+head-major; token at position p of a sequence lives in slot block_table[p // block_size] *
+block_size + p % block_size. Head-major, one block of one head is a contiguous run of
+block_size * head_dim values, so decode gathers whole blocks (an index per block, not per token)
+straight into the [kv_heads, rows, context, head_dim] layout the attention matmuls read, with no
+transposing copy. The flat batch holds decode tokens first (one per sequence), then each
+prefill chunk contiguously.
 """
 
 from __future__ import annotations
@@ -31,24 +34,24 @@ class DecodeGroup:
     """Decode rows of similar context length, attended together with little padding."""
 
     rows: torch.Tensor  # [num_rows] long: rows of the decode batch
-    slots: torch.Tensor  # [num_rows * max_context] long, row-major
-    mask: torch.Tensor  # [num_rows, 1, 1, max_context] bool
-    max_context: int
+    blocks: torch.Tensor  # [num_rows * num_blocks] long, row-major (padding -> block 0)
+    mask: torch.Tensor  # [num_rows, num_blocks * block_size] bool, True = attend
 
 
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] long: where each new token's K/V is written
     num_decodes: int
-    decode_slots: torch.Tensor | None  # [num_decodes, max_context] long (padding -> slot 0)
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_context] bool, True = attend
+    block_size: int
+    decode_tables: torch.Tensor | None  # [num_decodes, max_blocks] long (padding -> block 0)
+    decode_lengths: list[int]  # context length of each decode row, this step's token included
     prefills: list[PrefillSegment]
     # Built on first use and shared by every layer of the step.
     decode_groups: list[DecodeGroup] | None = None
 
 
 # A group grows while its longest context stays within this factor (plus a little slack) of its
-# shortest: padded key reads stay under ~25% of the real ones, at a few extra SDPA calls.
+# shortest: padded key reads stay under ~25% of the real ones, at a few extra calls per group.
 GROUP_LENGTH_RATIO = 1.25
 GROUP_LENGTH_SLACK = 32
 
@@ -56,8 +59,9 @@ GROUP_LENGTH_SLACK = 32
 def decode_groups(meta: AttentionMetadata) -> list[DecodeGroup]:
     if meta.decode_groups is not None:
         return meta.decode_groups
-    assert meta.decode_slots is not None and meta.decode_mask is not None
-    lengths = meta.decode_mask[:, 0, 0, :].sum(-1).tolist()  # [num_decodes]
+    assert meta.decode_tables is not None
+    lengths = meta.decode_lengths
+    device = meta.decode_tables.device
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     groups: list[DecodeGroup] = []
     start = 0
@@ -70,14 +74,15 @@ def decode_groups(meta: AttentionMetadata) -> list[DecodeGroup]:
         ):
             end += 1
         rows = order[start:end]
-        longest = int(lengths[rows[-1]])
-        index = torch.tensor(rows, dtype=torch.long, device=meta.decode_slots.device)
+        num_blocks = -(-lengths[rows[-1]] // meta.block_size)
+        index = torch.tensor(rows, dtype=torch.long, device=device)
+        positions = torch.arange(num_blocks * meta.block_size, device=device)
+        group_lengths = torch.tensor([lengths[r] for r in rows], device=device)
         groups.append(
             DecodeGroup(
                 rows=index,
-                slots=meta.decode_slots[index, :longest].reshape(-1),
-                mask=meta.decode_mask[index, :, :, :longest],
-                max_context=longest,
+                blocks=meta.decode_tables[index, :num_blocks].reshape(-1),
+                mask=positions[None, :] < group_lengths[:, None],
             )
         )
         start = end
@@ -89,13 +94,13 @@ def paged_attention(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_kv_heads, num_slots, head_dim]
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
+    k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+    v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     out = torch.empty_like(q)
     if meta.num_decodes:
         out[: meta.num_decodes] = _decode(q[: meta.num_decodes], k_cache, v_cache, meta, scale)
@@ -115,19 +120,17 @@ def _decode(
     groups = decode_groups(meta)
     out = torch.empty_like(q) if len(groups) > 1 else None
     for group in groups:
-        num_rows = group.rows.shape[0]
-        kv_shape = (num_rows, group.max_context, *k_cache.shape[1:])
-        keys = _gather(k_cache, group.slots).view(kv_shape)  # [rows, ctx, kv_heads, head_dim]
-        values = _gather(v_cache, group.slots).view(kv_shape)
+        keys = _gather_blocks(k_cache, group, meta.block_size)  # [kv_heads, rows, ctx, head_dim]
+        values = _gather_blocks(v_cache, group, meta.block_size)
         query = q.index_select(0, group.rows)  # [rows, num_heads, head_dim]
         if q.device.type == "cpu":
             result = _decode_matmul(query, keys, values, group.mask, scale)
         else:
             result = F.scaled_dot_product_attention(
                 query.unsqueeze(2),  # [rows, num_heads, 1, head_dim]
-                keys.transpose(1, 2),  # [rows, kv_heads, ctx, head_dim]
-                values.transpose(1, 2),
-                attn_mask=group.mask,  # [rows, 1, 1, ctx]
+                keys.transpose(0, 1),  # [rows, kv_heads, ctx, head_dim]
+                values.transpose(0, 1),
+                attn_mask=group.mask[:, None, None, :],  # [rows, 1, 1, ctx]
                 scale=scale,
                 enable_gqa=True,
             ).squeeze(2)  # [rows, num_heads, head_dim]
@@ -139,11 +142,20 @@ def _decode(
     return out
 
 
+def _gather_blocks(cache: torch.Tensor, group: DecodeGroup, block_size: int) -> torch.Tensor:
+    """[kv_heads, rows, num_blocks * block_size, head_dim]: each row's blocks, in order."""
+    kv_heads, num_slots, head_dim = cache.shape
+    by_block = cache.view(kv_heads, num_slots // block_size, block_size * head_dim)
+    # index_select is several times faster than advanced indexing for row gathers on CPU.
+    gathered = by_block.index_select(1, group.blocks)  # [kv_heads, rows * blocks, bs * head_dim]
+    return gathered.view(kv_heads, group.rows.shape[0], -1, head_dim)
+
+
 def _decode_matmul(
     query: torch.Tensor,  # [rows, num_heads, head_dim]
-    keys: torch.Tensor,  # [rows, ctx, kv_heads, head_dim]
-    values: torch.Tensor,  # [rows, ctx, kv_heads, head_dim]
-    mask: torch.Tensor,  # [rows, 1, 1, ctx] bool, True = attend
+    keys: torch.Tensor,  # [kv_heads, rows, ctx, head_dim]
+    values: torch.Tensor,  # [kv_heads, rows, ctx, head_dim]
+    mask: torch.Tensor,  # [rows, ctx] bool, True = attend
     scale: float,
 ) -> torch.Tensor:  # [rows, num_heads, head_dim]
     """One query row per sequence as two batched matmuls per KV head group, softmax in float32
@@ -152,19 +164,14 @@ def _decode_matmul(
     one thread), and it was no faster in float32. The query heads sharing a KV head multiply
     together, so grouped-query attention needs no repeated keys."""
     rows, num_heads, head_dim = query.shape
-    kv_heads = keys.shape[2]
-    grouped = query.view(rows, kv_heads, num_heads // kv_heads, head_dim)
-    keys = keys.transpose(1, 2).contiguous()  # [rows, kv_heads, ctx, head_dim]
-    values = values.transpose(1, 2).contiguous()
-    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float()  # [rows, kv_heads, group, ctx]
-    scores.mul_(scale).masked_fill_(mask.logical_not(), float("-inf"))
+    kv_heads = keys.shape[0]
+    # [kv_heads, rows, group, head_dim]: query heads h * group .. h * group + group - 1 share h
+    grouped = query.view(rows, kv_heads, num_heads // kv_heads, head_dim).transpose(0, 1)
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float()  # [kv, rows, group, ctx]
+    scores.mul_(scale).masked_fill_(mask.logical_not()[None, :, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
-    return torch.matmul(probs, values).view(rows, num_heads, head_dim)
-
-
-def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    # index_select is several times faster than advanced indexing for row gathers on CPU.
-    return cache.index_select(0, slots)  # [len(slots), kv_heads, head_dim]
+    out = torch.matmul(probs, values)  # [kv_heads, rows, group, head_dim]
+    return out.transpose(0, 1).reshape(rows, num_heads, head_dim)
 
 
 def _prefill(
@@ -185,10 +192,8 @@ def _prefill(
             query, key, value, is_causal=True, scale=scale, enable_gqa=True
         )
     else:
-        key = (
-            k_cache[seg.context_slots].transpose(0, 1).unsqueeze(0)
-        )  # [1, kv_heads, ctx, head_dim]
-        value = v_cache[seg.context_slots].transpose(0, 1).unsqueeze(0)
+        key = k_cache.index_select(1, seg.context_slots).unsqueeze(0)  # [1, kv, ctx, head_dim]
+        value = v_cache.index_select(1, seg.context_slots).unsqueeze(0)
         query_pos = torch.arange(seg.num_computed, seg.context_len, device=q.device)
         key_pos = torch.arange(seg.context_len, device=q.device)
         mask = key_pos[None, :] <= query_pos[:, None]  # [query_len, ctx]

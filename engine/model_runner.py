@@ -60,14 +60,14 @@ class ModelRunner:
         self.kv_caches = [
             (
                 torch.zeros(
-                    num_slots, config.num_kv_heads, config.head_dim, dtype=dtype, device=device
+                    config.num_kv_heads, num_slots, config.head_dim, dtype=dtype, device=device
                 ),
                 torch.zeros(
-                    num_slots, config.num_kv_heads, config.head_dim, dtype=dtype, device=device
+                    config.num_kv_heads, num_slots, config.head_dim, dtype=dtype, device=device
                 ),
             )
             for _ in range(config.num_layers)
-        ]  # per layer: ([num_slots, kv_heads, head_dim], same)
+        ]  # per layer: ([kv_heads, num_slots, head_dim], same): head-major, see attention.py
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ForwardOutput:
@@ -86,12 +86,11 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=slots,
             num_decodes=len(decodes),
-            decode_slots=None,
-            decode_mask=None,
+            block_size=self.block_size,
+            decode_tables=self._decode_tables(decodes) if decodes else None,
+            decode_lengths=[item.seq.num_computed_tokens + 1 for item in decodes],
             prefills=[],
         )
-        if decodes:
-            meta.decode_slots, meta.decode_mask = self._decode_context(decodes)
         start = len(decodes)
         for item in prefills:
             seq = item.seq
@@ -189,15 +188,12 @@ class ModelRunner:
         slots = table[positions // self.block_size] * self.block_size + positions % self.block_size
         return slots.to(device or self.device)  # [end - begin]
 
-    def _decode_context(self, decodes: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor]:
-        lengths = [item.seq.num_computed_tokens + 1 for item in decodes]
-        max_len = max(lengths)
+    def _decode_tables(self, decodes: list[ScheduledSeq]) -> torch.Tensor:
+        """[num_decodes, max_blocks] long: each row's block table, padded with block 0."""
+        max_len = max(item.seq.num_computed_tokens + 1 for item in decodes)
         max_blocks = -(-max_len // self.block_size)
-        tables = torch.zeros(len(decodes), max_blocks, dtype=torch.long)  # [B, max_blocks]
+        tables = torch.zeros(len(decodes), max_blocks, dtype=torch.long)
         for row, item in enumerate(decodes):
             table = item.seq.block_table[:max_blocks]
             tables[row, : len(table)] = torch.tensor(table, dtype=torch.long)
-        offsets = torch.arange(self.block_size, dtype=torch.long)
-        slots = (tables[:, :, None] * self.block_size + offsets).view(len(decodes), -1)[:, :max_len]
-        mask = torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None]  # [B, max_len]
-        return slots.to(self.device), mask[:, None, None, :].to(self.device)
+        return tables.to(self.device)
