@@ -11,11 +11,12 @@ it does not use:
     out[rows] += y @ B[lo:hi] as [(hi - lo) * R, out]
 
 Exact (the zeroed products add nothing) if every stack entry in the slot range is finite and
-zero beyond each slot's rank, which lora/layers.py guarantees (slots are zeroed before a write;
-the loader rejects weights outside the float16 range). Its FLOPs grow with the slot range, so
-only runs of up to DENSE_RUN_MAX rows, at most that many base-model rows apart, join a block (measured on a 2-core AMD EPYC, bf16, 8 slots,
-qkv 768 -> 2304 at fused rank 48: 8 rows 173 us dense vs 526 us per run, 64 rows 499 vs 538,
-128 rows 931 vs 526).
+zero beyond each slot's rank, which lora/layers.py guarantees (slots are zeroed before a
+write; the loader rejects weights outside the float16 range). Its FLOPs grow with rows x slot
+range, so only runs of up to DENSE_RUN_MAX rows, at most that many base-model rows apart, join
+a block, and only while that product stays under DENSE_ROW_SLOTS_PER_RUN per run it replaces.
+Measured on a 2-core AMD EPYC, bf16, 8 slots, qkv 768 -> 2304 at fused rank 48: 8 rows 173 us
+dense vs 526 us per run, 64 rows 499 vs 538, 128 rows 931 vs 526.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from dataclasses import dataclass
 import torch
 
 DENSE_RUN_MAX = 16
+# A block's cost grows with rows x slot range, a run's is mostly the call: a block replaces its
+# runs while rows x slot range <= this many per run (8 slots: 8 rows per run; 32 slots: 2).
+DENSE_ROW_SLOTS_PER_RUN = 64
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,10 +56,10 @@ def plan_cpu(
     pending: list[tuple[int, int, int]] = []
 
     def flush() -> None:
-        if len(pending) == 1:
-            runs.append(pending[0])
-        elif pending:
+        if len(pending) > 1 and _dense_pays(pending):
             blocks.append(_dense_block(pending, token_slots, device))
+        else:
+            runs.extend(pending)
         pending.clear()
 
     for segment in segments:
@@ -69,6 +73,12 @@ def plan_cpu(
             pending.append(segment)
     flush()
     return CpuPlan(tuple(runs), tuple(blocks))
+
+
+def _dense_pays(segments: Sequence[tuple[int, int, int]]) -> bool:
+    rows = segments[-1][1] - segments[0][0]
+    slot_range = max(slot for *_, slot in segments) - min(slot for *_, slot in segments) + 1
+    return rows * slot_range <= DENSE_ROW_SLOTS_PER_RUN * len(segments)
 
 
 def _dense_block(

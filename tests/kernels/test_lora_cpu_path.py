@@ -150,3 +150,13 @@ def test_a_hostile_slot_in_a_shared_block_cannot_reach_other_tokens() -> None:
     for t in (0, 2, 3):
         assert torch.equal(out[t], clean[t])
     assert not torch.isfinite(out[1]).all()  # the hostile adapter only breaks its own tokens
+
+
+def test_a_block_over_a_wide_slot_range_stays_runs() -> None:
+    # 8 decode rows on slots 0 and 31: 8 rows x 32 slots is dearer than two runs
+    slots = [0] * 4 + [31] * 4
+    meta = LoRAKernelMeta.build(slots, [4] * 32, 4, "cpu")
+    assert meta.cpu is not None
+    assert meta.cpu.blocks == () and meta.cpu.runs == ((0, 4, 0), (4, 8, 31))
+    near = LoRAKernelMeta.build([0] * 4 + [1] * 4, [4] * 32, 4, "cpu")
+    assert near.cpu is not None and len(near.cpu.blocks) == 1 and near.cpu.runs == ()
