@@ -12,9 +12,14 @@ prefill chunk contiguously.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
+
+# How decode rows attend: two grouped matmuls, or the fused SDPA kernel. Which is faster on a
+# CPU depends on the CPU (engine/decode_backend.py measures it at start-up).
+DecodeBackend = Literal["matmul", "sdpa"]
 
 
 @dataclass
@@ -46,6 +51,7 @@ class AttentionMetadata:
     decode_tables: torch.Tensor | None  # [num_decodes, max_blocks] long (padding -> block 0)
     decode_lengths: list[int]  # context length of each decode row, this step's token included
     prefills: list[PrefillSegment]
+    decode_backend: DecodeBackend = "sdpa"
     # Built on first use and shared by every layer of the step.
     decode_groups: list[DecodeGroup] | None = None
 
@@ -123,17 +129,8 @@ def _decode(
         keys = _gather_blocks(k_cache, group, meta.block_size)  # [kv_heads, rows, ctx, head_dim]
         values = _gather_blocks(v_cache, group, meta.block_size)
         query = q.index_select(0, group.rows)  # [rows, num_heads, head_dim]
-        if q.device.type == "cpu":
-            result = _decode_matmul(query, keys, values, group.mask, scale)
-        else:
-            result = F.scaled_dot_product_attention(
-                query.unsqueeze(2),  # [rows, num_heads, 1, head_dim]
-                keys.transpose(0, 1),  # [rows, kv_heads, ctx, head_dim]
-                values.transpose(0, 1),
-                attn_mask=group.mask[:, None, None, :],  # [rows, 1, 1, ctx]
-                scale=scale,
-                enable_gqa=True,
-            ).squeeze(2)  # [rows, num_heads, head_dim]
+        attend = decode_matmul if meta.decode_backend == "matmul" else decode_sdpa
+        result = attend(query, keys, values, group.mask, scale)  # [rows, num_heads, head_dim]
         if out is None:
             # One group holds every row, in length order: put them back in batch order.
             return torch.empty_like(result).index_copy_(0, group.rows, result)
@@ -151,7 +148,24 @@ def _gather_blocks(cache: torch.Tensor, group: DecodeGroup, block_size: int) -> 
     return gathered.view(kv_heads, group.rows.shape[0], -1, head_dim)
 
 
-def _decode_matmul(
+def decode_sdpa(
+    query: torch.Tensor,  # [rows, num_heads, head_dim]
+    keys: torch.Tensor,  # [kv_heads, rows, ctx, head_dim]
+    values: torch.Tensor,  # [kv_heads, rows, ctx, head_dim]
+    mask: torch.Tensor,  # [rows, ctx] bool, True = attend
+    scale: float,
+) -> torch.Tensor:  # [rows, num_heads, head_dim]
+    return F.scaled_dot_product_attention(
+        query.unsqueeze(2),  # [rows, num_heads, 1, head_dim]
+        keys.transpose(0, 1),  # [rows, kv_heads, ctx, head_dim]
+        values.transpose(0, 1),
+        attn_mask=mask[:, None, None, :],  # [rows, 1, 1, ctx]
+        scale=scale,
+        enable_gqa=True,
+    ).squeeze(2)
+
+
+def decode_matmul(
     query: torch.Tensor,  # [rows, num_heads, head_dim]
     keys: torch.Tensor,  # [kv_heads, rows, ctx, head_dim]
     values: torch.Tensor,  # [kv_heads, rows, ctx, head_dim]
@@ -159,10 +173,10 @@ def _decode_matmul(
     scale: float,
 ) -> torch.Tensor:  # [rows, num_heads, head_dim]
     """One query row per sequence as two batched matmuls per KV head group, softmax in float32
-    (the eager attention of transformers). On CPU, SDPA's flash kernel handles a single query
-    row poorly: for 16 rows x 300 keys it took 8 ms in bf16 where this takes 1.3 ms (AMD EPYC,
-    one thread), and it was no faster in float32. The query heads sharing a KV head multiply
-    together, so grouped-query attention needs no repeated keys."""
+    (the eager attention of transformers). On an AVX512-BF16 CPU without AMX, SDPA's flash
+    kernel handles a single query row poorly: for 16 rows x 300 keys it took 8 ms in bf16 where
+    this takes 1.3 ms (AMD EPYC, one thread); on an AMX Xeon SDPA was the faster one. The query
+    heads sharing a KV head multiply together, so grouped-query attention repeats no keys."""
     rows, num_heads, head_dim = query.shape
     kv_heads = keys.shape[0]
     # [kv_heads, rows, group, head_dim]: query heads h * group .. h * group + group - 1 share h

@@ -65,6 +65,12 @@ def add_subcommands(subparsers: Any) -> None:
     )
     serve.add_argument("--device", default="cpu")
     serve.add_argument("--block-size", type=int, default=16)
+    serve.add_argument(
+        "--decode-attention",
+        default="auto",
+        choices=["auto", "matmul", "sdpa"],
+        help="decode attention backend; auto times both at start-up (CPU)",
+    )
     serve.add_argument("--num-kv-blocks", type=int, default=None)
     serve.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
     serve.add_argument("--max-num-seqs", type=int, default=64)
@@ -138,6 +144,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         device=args.device,
         seed=args.seed,
         block_size=args.block_size,
+        decode_attention=args.decode_attention,
         num_kv_blocks=args.num_kv_blocks,
         kv_cache_memory_bytes=int(args.kv_cache_memory_gb * (1 << 30)),
         max_num_seqs=args.max_num_seqs,

@@ -36,6 +36,9 @@ class EngineConfig:
     # request waits forever behind a steady stream of better-priority work.
     aging_steps: int = 64
     enable_prefix_caching: bool = True
+    # Decode attention: "auto" times both backends at start-up on this machine (CPU; CUDA uses
+    # SDPA), or "matmul" / "sdpa" (engine/decode_backend.py).
+    decode_attention: str = "auto"
     max_queue_len: int = 4096
     # The loop waits this long for more requests before stepping an empty batch (seconds).
     idle_wait_s: float = 0.05
@@ -58,6 +61,11 @@ class EngineConfig:
             raise ValueError(f"policy must be 'priority' or 'fcfs', got {self.policy!r}")
         if self.aging_steps < 1:
             raise ValueError("aging_steps must be >= 1")
+        if self.decode_attention not in ("auto", "matmul", "sdpa"):
+            raise ValueError(
+                "decode_attention must be 'auto', 'matmul' or 'sdpa', "
+                f"got {self.decode_attention!r}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be >= 1")
         if self.max_loras < 1:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionMetadata, PrefillSegment
+from engine.attention import AttentionMetadata, DecodeBackend, PrefillSegment
 from engine.models.hf_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.outputs import ScheduledSeq, SchedulerOutput
@@ -50,9 +50,11 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         lora: LoRAManager | None = None,
+        decode_backend: DecodeBackend = "sdpa",
     ):
         self.model = model
         self.lora = lora
+        self.decode_backend: DecodeBackend = decode_backend
         self.config = config
         self.block_size = block_size
         self.device = device
@@ -90,6 +92,7 @@ class ModelRunner:
             decode_tables=self._decode_tables(decodes) if decodes else None,
             decode_lengths=[item.seq.num_computed_tokens + 1 for item in decodes],
             prefills=[],
+            decode_backend=self.decode_backend,
         )
         start = len(decodes)
         for item in prefills:

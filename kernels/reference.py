@@ -62,30 +62,25 @@ def lora_add_cpu(
     inputs' dtype: x, lora_a, lora_b and out share one dtype.
 
     Per long run: ``y = x[run] @ A.T`` and ``out[run].addmm_(y, B.T)``, two BLAS calls and no
-    temporary of the output's width; short runs side by side share one masked pair (see
-    kernels/cpu_plan.py, whose precondition on the stacks this inherits: finite, zero beyond each
-    slot's rank). In float32 this is the reference up to summation order. In bfloat16 the
-    matmuls run on the CPU's bf16 units with float32 accumulation, and y is rounded to bfloat16
-    between the two, as a bf16 PEFT model does; the delta is added to out before out's single
-    rounding. Converting to float32 instead (the reference) made LoRA cost more than the base
-    matmuls it rides on. ``lora_b`` stored as a transposed view of a contiguous
-    [num_slots, max_rank, out_features] stack makes every B operand here a plain view.
+    temporary of the output's width; short runs side by side share one padded ``bmm`` pair
+    (kernels/cpu_plan.py). In float32 this is the reference up to summation order. In bfloat16
+    the matmuls run on the CPU's bf16 units with float32 accumulation, and y is rounded to
+    bfloat16 between the two, as a bf16 PEFT model does. Converting to float32 instead (the
+    reference) made LoRA cost more than the base matmuls it rides on. ``lora_b`` stored as a
+    transposed view of a contiguous [num_slots, max_rank, out_features] stack (lora/layers.py
+    on CPU) makes every B operand here a plain view.
     """
-    plan = (
-        meta.cpu
-        if meta.cpu is not None
-        else plan_cpu(meta.segments, meta.token_slots.tolist(), x.device)
-    )
+    plan = meta.cpu if meta.cpu is not None else plan_cpu(meta.segments, x.device)
     for start, end, slot in plan.runs:
         rank = meta.ranks[slot]
         if rank:
             y = x[start:end] @ lora_a[slot, :rank].T  # [rows, rank]
             out[start:end].addmm_(y, lora_b[slot, :, :rank].T)
-    max_rank, in_features = lora_a.shape[1:]
     for block in plan.blocks:
-        num_rows, num_slots = block.end - block.start, block.hi - block.lo
-        a = lora_a[block.lo : block.hi].reshape(num_slots * max_rank, in_features)
-        y = x[block.start : block.end] @ a.T  # [rows, slots * max_rank]
-        y.view(num_rows, num_slots, max_rank).masked_fill_(block.off, 0)
-        b = lora_b[block.lo : block.hi].transpose(1, 2).reshape(num_slots * max_rank, -1)
-        out[block.start : block.end].addmm_(y, b)  # b: [slots * max_rank, out_features]
+        num_slots = block.hi - block.lo
+        xp = x.index_select(0, block.gather).view(num_slots, block.pad, -1)  # [slots, L, in]
+        # Whole padded rank: the stacks are zero beyond each slot's rank (lora/layers.py).
+        y = torch.bmm(xp, lora_a[block.lo : block.hi].transpose(1, 2))  # [slots, L, max_rank]
+        delta = torch.bmm(y, lora_b[block.lo : block.hi].transpose(1, 2))  # [slots, L, out]
+        rows = delta.view(num_slots * block.pad, -1).index_select(0, block.src)
+        out.index_add_(0, block.dest, rows)

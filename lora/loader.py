@@ -129,9 +129,9 @@ def load_adapter(lora_path: str, dims: BaseModelDims, limits: LoaderLimits) -> L
     return LoadedAdapter(max(w.rank for w in modules.values()), modules, config)
 
 
-# The float16 range: no model dtype turns an accepted weight into inf. Slots of one batch share
-# matmuls on CPU (kernels/cpu_plan.py), where 0 * inf in one tenant's slot would be NaN in
-# another tenant's tokens. Real LoRA weights are many orders of magnitude smaller.
+# The float16 range: no model dtype turns an accepted weight into inf, which would make the
+# adapter answer NaN logits. Real LoRA weights are many orders of magnitude smaller; a clear
+# error at load beats garbage tokens later.
 MAX_WEIGHT_MAGNITUDE = 65504.0
 
 

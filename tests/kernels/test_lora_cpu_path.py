@@ -1,5 +1,5 @@
 """The CPU LoRA path (`kernels.reference.lora_add_cpu`, behind `kernels.ops.lora_add`): a
-matmul pair per long run of one slot, one masked pair per block of short runs
+matmul pair per long run of one slot, one padded bmm pair per block of short runs
 (kernels/cpu_plan.py), products in the inputs' dtype.
 
 Tolerances (abs and rel): float32 against the float64 per-token oracle 1e-5 (same products,
@@ -58,7 +58,7 @@ def test_bfloat16_stays_within_rounding_of_the_float32_reference(kind: str) -> N
 def test_transposed_b_storage_gives_the_same_result() -> None:
     # lora/layers.py stores B as [slots, rank, out] on CPU and passes a transposed view
     meta, x, lora_a, lora_b = make_case("zipf", 40, torch.float32, padding=0.0)
-    assert meta.cpu is not None and meta.cpu.blocks  # the masked path runs
+    assert meta.cpu is not None and meta.cpu.blocks  # the padded path runs
     stored = lora_b.transpose(1, 2).contiguous()  # [S, R, out]
     want, got = torch.zeros(40, OUT_FEATURES), torch.zeros(40, OUT_FEATURES)
     lora_add_cpu(x, lora_a, lora_b, meta, want)
@@ -91,19 +91,15 @@ def test_plan_groups_neighbouring_short_runs_and_keeps_long_ones_apart() -> None
     # run of slot 0 (a block of one run is just a run); then two short runs again
     slots = [2, 2, 0, -1, 1] + [3] * (n + 1) + [0] * 3 + [-1] * (n + 4) + [1, 2]
     segments = LoRAKernelMeta.build(slots, [4] * 4, 4, "cpu").segments
-    plan = plan_cpu(segments, slots, torch.device("cpu"))
+    plan = plan_cpu(segments, torch.device("cpu"))
     assert plan.runs == ((5, 6 + n, 3), (6 + n, 9 + n, 0))
     first, second = plan.blocks
-    assert (first.start, first.end, first.lo, first.hi) == (0, 5, 0, 3)
-    # off[t, j]: token t does not use slot lo + j (the base row uses none)
-    assert first.off.squeeze(-1).tolist() == [
-        [True, True, False],
-        [True, True, False],
-        [False, True, True],
-        [True, True, True],
-        [True, False, True],
-    ]
-    assert (second.start, second.end, second.lo, second.hi) == (13 + 2 * n, 15 + 2 * n, 1, 3)
+    # slots 0..2, two positions each (slot 2 has the longest run); the base row 3 is in no list
+    assert (first.lo, first.hi, first.pad) == (0, 3, 2)
+    assert first.gather.tolist() == [2, 2, 4, 4, 0, 1]  # padding repeats the slot's own row
+    assert first.src.tolist() == [0, 2, 4, 5] and first.dest.tolist() == [2, 4, 0, 1]
+    assert (second.lo, second.hi, second.pad) == (1, 3, 1)
+    assert second.dest.tolist() == [13 + 2 * n, 14 + 2 * n]
 
 
 def test_tokens_on_an_empty_slot_and_the_base_model_are_untouched() -> None:
@@ -132,15 +128,13 @@ def test_ops_lora_add_on_cpu_runs_the_grouped_path() -> None:
 
 def test_a_hostile_slot_in_a_shared_block_cannot_reach_other_tokens() -> None:
     # Slot 1 holds the largest weights the loader accepts (the float16 range): in float16 its
-    # shrink overflows to inf for every token of the block. Tokens of slot 0 and of the base
-    # model must come out exactly as if slot 1 were empty.
+    # tokens overflow to inf. Tokens of slot 0 and of the base model must come out exactly as if
+    # slot 1 were empty.
     meta = LoRAKernelMeta.build([0, 1, -1, 0, 1], [4, 4], 4, "cpu")
     assert meta.cpu is not None and len(meta.cpu.blocks) == 1
     x = torch.randn(5, 8).half()  # [T, in]
-    lora_a, lora_b = (
-        torch.zeros(2, 4, 8).half(),
-        torch.zeros(2, 6, 4).half(),
-    )  # [S, R, in] [S, out, R]
+    lora_a = torch.zeros(2, 4, 8).half()  # [S, R, in]
+    lora_b = torch.zeros(2, 6, 4).half()  # [S, out, R]
     lora_a[0], lora_b[0] = torch.randn(4, 8).half(), torch.randn(6, 4).half()
     clean = torch.zeros(5, 6).half()
     lora_add_cpu(x, lora_a, lora_b, meta, clean)
@@ -153,9 +147,8 @@ def test_a_hostile_slot_in_a_shared_block_cannot_reach_other_tokens() -> None:
 
 
 def test_a_block_over_a_wide_slot_range_stays_runs() -> None:
-    # 8 decode rows on slots 0 and 31: 8 rows x 32 slots is dearer than two runs
-    slots = [0] * 4 + [31] * 4
-    meta = LoRAKernelMeta.build(slots, [4] * 32, 4, "cpu")
+    # 8 decode rows on slots 0 and 31: 32 slots x 4 padded rows for 8 real ones
+    meta = LoRAKernelMeta.build([0] * 4 + [31] * 4, [4] * 32, 4, "cpu")
     assert meta.cpu is not None
     assert meta.cpu.blocks == () and meta.cpu.runs == ((0, 4, 0), (4, 8, 31))
     near = LoRAKernelMeta.build([0] * 4 + [1] * 4, [4] * 32, 4, "cpu")

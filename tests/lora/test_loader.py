@@ -218,8 +218,7 @@ def test_unexpected_unpaired_and_non_finite_tensors(bad: Path, dims: BaseModelDi
     _refused(bad, dims, AdapterTensorError, "unpaired")
     poisoned = dict(tensors)
     poisoned[B_NAME] = tensors[B_NAME].clone()
-    # NaN, inf, and a value that only leaves the float16 range once the scale is folded in:
-    # any of them would turn another tenant's tokens into NaN where slots share a matmul.
+    # NaN, inf, and a value that only leaves the float16 range once the scale is folded in
     for value in (float("nan"), float("inf"), 65504.0):
         poisoned[B_NAME][0, 0] = value
         write_raw_safetensors(bad / "adapter_model.safetensors", poisoned)

@@ -1,0 +1,111 @@
+"""Paged attention (engine/attention.py) against a naive float64 attention over each sequence's
+own keys, for both decode backends, and the start-up choice between them."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from engine.attention import AttentionMetadata, PrefillSegment, paged_attention
+from engine.config import EngineConfig
+from engine.decode_backend import choose_decode_backend
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 8, 4
+NUM_BLOCKS = 64
+
+
+def _naive(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, causal_from: int
+) -> torch.Tensor:
+    """q [n, H, D] at positions causal_from..; keys/values [ctx, KV, D]; float64 softmax."""
+    group = HEADS // KV_HEADS
+    k = keys.double().repeat_interleave(group, dim=1)  # [ctx, H, D]
+    v = values.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,chd->hnc", q.double(), k) / math.sqrt(HEAD_DIM)
+    positions = torch.arange(causal_from, causal_from + q.shape[0])
+    scores = scores.masked_fill(torch.arange(k.shape[0])[None, :] > positions[:, None], -math.inf)
+    return torch.einsum("hnc,chd->nhd", scores.softmax(-1), v)
+
+
+def _tables(lengths: list[int], rng: random.Random) -> list[list[int]]:
+    free = list(range(NUM_BLOCKS))
+    rng.shuffle(free)  # blocks of a sequence are scattered over the cache
+    return [[free.pop() for _ in range(-(-n // BLOCK))] for n in lengths]
+
+
+def _slots(table: list[int], begin: int, end: int) -> torch.Tensor:
+    return torch.tensor([table[p // BLOCK] * BLOCK + p % BLOCK for p in range(begin, end)])
+
+
+@pytest.mark.parametrize("backend", ["matmul", "sdpa"])
+def test_decode_rows_of_very_different_lengths_match_naive_attention(backend: str) -> None:
+    rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+    lengths = [3, 17, 40, 41, 130]  # several length groups, partial last blocks
+    tables = _tables(lengths, rng)
+    k_cache = torch.zeros(KV_HEADS, NUM_BLOCKS * BLOCK, HEAD_DIM)
+    v_cache = torch.zeros_like(k_cache)
+    history = []
+    for table, n in zip(tables, lengths, strict=True):  # the first n - 1 tokens are cached
+        k, v = torch.randn(2, n, KV_HEADS, HEAD_DIM, generator=gen)
+        slots = _slots(table, 0, n - 1)
+        k_cache[:, slots], v_cache[:, slots] = k[:-1].transpose(0, 1), v[:-1].transpose(0, 1)
+        history.append((k, v))
+    q = torch.randn(len(lengths), HEADS, HEAD_DIM, generator=gen)
+    new_k = torch.stack([k[-1] for k, _ in history])  # [rows, KV, D]: this step's tokens
+    new_v = torch.stack([v[-1] for _, v in history])
+    width = max(len(t) for t in tables)
+    meta = AttentionMetadata(
+        slot_mapping=torch.cat([_slots(t, n - 1, n) for t, n in zip(tables, lengths, strict=True)]),
+        num_decodes=len(lengths),
+        block_size=BLOCK,
+        decode_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
+        decode_lengths=lengths,
+        prefills=[],
+        decode_backend=backend,  # type: ignore[arg-type]
+    )
+    out = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, HEAD_DIM**-0.5)
+    assert meta.decode_groups is not None and len(meta.decode_groups) > 1
+    for row, ((k, v), n) in enumerate(zip(history, lengths, strict=True)):
+        want = _naive(q[row : row + 1], k, v, causal_from=n - 1)
+        torch.testing.assert_close(out[row : row + 1].double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_chunk_after_cached_context_matches_naive_attention() -> None:
+    rng, gen = random.Random(1), torch.Generator().manual_seed(1)
+    (table,) = _tables([23], rng)
+    k, v = torch.randn(2, 23, KV_HEADS, HEAD_DIM, generator=gen)
+    k_cache = torch.zeros(KV_HEADS, NUM_BLOCKS * BLOCK, HEAD_DIM)
+    v_cache = torch.zeros_like(k_cache)
+    cached = _slots(table, 0, 9)
+    k_cache[:, cached], v_cache[:, cached] = k[:9].transpose(0, 1), v[:9].transpose(0, 1)
+    q = torch.randn(14, HEADS, HEAD_DIM, generator=gen)  # positions 9..22
+    meta = AttentionMetadata(
+        slot_mapping=_slots(table, 9, 23),
+        num_decodes=0,
+        block_size=BLOCK,
+        decode_tables=None,
+        decode_lengths=[],
+        prefills=[PrefillSegment(0, 14, 9, _slots(table, 0, 23))],
+    )
+    out = paged_attention(q, k[9:], v[9:], k_cache, v_cache, meta, HEAD_DIM**-0.5)
+    torch.testing.assert_close(out.double(), _naive(q, k, v, causal_from=9), atol=1e-5, rtol=1e-5)
+
+
+def test_the_backend_choice() -> None:
+    dims = {"num_heads": HEADS, "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM}
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for name in ("matmul", "sdpa"):
+        assert choose_decode_backend(name, dtype=torch.float32, device=cpu, **dims) == name
+    assert choose_decode_backend("auto", dtype=torch.float32, device=cuda, **dims) == "sdpa"
+    # on CPU "auto" times both on this machine: either may win, but it must be one of them
+    assert choose_decode_backend("auto", dtype=torch.bfloat16, device=cpu, **dims) in (
+        "matmul",
+        "sdpa",
+    )
+    with pytest.raises(ValueError, match="decode_attention"):
+        choose_decode_backend("flash", dtype=torch.float32, device=cpu, **dims)
+    with pytest.raises(ValueError, match="decode_attention"):
+        EngineConfig(model="m", decode_attention="flash")
