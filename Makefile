@@ -58,11 +58,15 @@ bench: $(STAMP) $(MODEL_DIR)/small/config.json
 	mkdir -p bench/out
 	$(BIN)/python bench/engine_throughput.py --model $(MODEL_DIR)/small --json bench/out/engine_throughput.json
 	$(BIN)/python bench/gateway_overhead.py --model $(MODEL_DIR)/tiny --json bench/out/gateway_overhead.json
+	$(BIN)/python bench/quota_admission.py --json bench/out/quota_admission.json
+	$(BIN)/python bench/lora_throughput.py --model $(MODEL_DIR)/small --json bench/out/lora_throughput.json
 
 bench-quick: $(STAMP) $(MODEL_DIR)/tiny/config.json
 	mkdir -p bench/out
 	$(BIN)/python bench/engine_throughput.py --quick --model $(MODEL_DIR)/tiny --json bench/out/engine_throughput.json
 	$(BIN)/python bench/gateway_overhead.py --quick --model $(MODEL_DIR)/tiny --json bench/out/gateway_overhead.json
+	$(BIN)/python bench/quota_admission.py --quick --json bench/out/quota_admission.json
+	$(BIN)/python bench/lora_throughput.py --quick --model $(MODEL_DIR)/tiny --json bench/out/lora_throughput.json
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

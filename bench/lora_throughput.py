@@ -11,8 +11,10 @@ On the engine benchmark's seeded variable-length workload (bench/workload.py):
      PEFT's mixed batch.
   c. Adapter scaling: 1, 10, 100, 1000 registered adapters with zipf popularity,
      max_loras=8, max_cpu_loras=32. Goal: <= 15% throughput loss from 1 to 1000. One more
-     cell repeats 1000 with 32 slots (not a goal row), and every cell prints the fewest decode
-     steps any scheduler could take under its slot and seat limits (lora_adapters.py).
+     cell repeats 1000 with 32 slots, one runs the base model held to the batch the 8 slots
+     left (roughly the least loss adapter code could reach; neither is a goal row), and
+     every cell prints the fewest decode steps any scheduler could take under its slot and
+     seat limits (lora_adapters.py).
 Every cell records wall time and this process's CPU time; the ratios use CPU time (one
 thread: the work done, not the waits on a shared machine), `ratios_wall` the wall time.
 See bench/RESULTS.md ("LoRA throughput").
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -129,13 +132,14 @@ def run_loragate(
     max_loras: int,
     max_cpu_loras: int,
     enable_lora: bool = True,
+    max_num_seqs: int = MAX_NUM_SEQS,
 ) -> Cell:
     engine = LLMEngine(
         EngineConfig(
             model=str(model_dir),
             dtype=args.dtype,
             num_kv_blocks=engine_run.kv_blocks_for(requests, block_size=16),
-            max_num_seqs=MAX_NUM_SEQS,
+            max_num_seqs=max_num_seqs,
             max_num_batched_tokens=2048,
             enable_lora=enable_lora,
             max_loras=max_loras,
@@ -161,7 +165,7 @@ def run_loragate(
             [r.num_output_tokens for r in requests],
             assignment if enable_lora else [None] * len(requests),
             max_loras=max_loras,
-            max_num_seqs=MAX_NUM_SEQS,
+            max_num_seqs=max_num_seqs,
         ),
     }
     if before is not None and (after := engine.stats().lora) is not None:
@@ -337,9 +341,24 @@ def main(argv: list[str] | None = None) -> int:
         max_loras=plan.scaling_check_loras,
         max_cpu_loras=max(plan.max_cpu_loras, plan.scaling_check_loras),
     )
-    cells = [base, lora, nolora, mixed, seq, *scaling, check]
+    # The base model (no LoRA work at all) held to the batch the slot limit left scale-N: about
+    # the least time scale-N could take if its adapters cost nothing (an estimate, not a bound:
+    # scale-N's batch varies around its mean).
+    seats = math.ceil(scaling[-1].extra["mean_batch"])
+    floor = run(
+        f"base-seqs{seats}",
+        f"no adapter, max_num_seqs={seats} (scale-{n}'s mean batch; not a goal row)",
+        none,
+        {},
+        max_loras=plan.max_loras,
+        max_cpu_loras=plan.max_cpu_loras,
+        enable_lora=False,
+        max_num_seqs=seats,
+    )
+    cells = [base, lora, nolora, mixed, seq, *scaling, check, floor]
     by_cpu = ratios(base, lora, mixed, seq, scaling[0], scaling[-1], cpu=True)
     by_wall = ratios(base, lora, mixed, seq, scaling[0], scaling[-1], cpu=False)
+    loss_floor = 1 - floor.tokens_per_cpu_s / scaling[0].tokens_per_cpu_s
     print()
     print(format_cells(cells, lora))
     for label, r in (("cpu time", by_cpu), ("wall time", by_wall)):
@@ -347,12 +366,16 @@ def main(argv: list[str] | None = None) -> int:
               f"(b) vs PEFT mixed {r['vs_peft_mixed']:.2f}x (goal >= 4x), vs PEFT one at a time "
               f"{r['vs_peft_sequential']:.2f}x; (c) loss 1 -> {plan.scaling[-1]} adapters "
               f"{100 * r['scaling_loss_1_to_1000']:.1f}% (goal <= 15%)")  # fmt: skip
+    print(f"(c) without any LoRA work, the base model held to scale-{n}'s batch ({seats}) is "
+          f"{100 * loss_floor:.1f}% slower than scale-1: about the least loss that slot-bound "
+          f"batches allow on this machine, whatever the adapter code costs")  # fmt: skip
     load_end = load_average()
     print(f"load average at start {load_start}, at end {load_end}")
     if args.json is not None:
         record = {
             "ratios": by_cpu,
             "ratios_wall": by_wall,
+            "scaling_loss_without_lora": loss_floor,
             "cells": [
                 {
                     **asdict(c),
