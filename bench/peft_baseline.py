@@ -4,6 +4,7 @@ request's own tokens count) and PEFT one request at a time (`set_adapter`)."""
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,6 +17,9 @@ from workload import BenchRequest
 
 def timed(fn: Callable[[], int]) -> tuple[int, float, float]:
     """(fn's result, wall seconds, this process's CPU seconds)."""
+    # Engines and models of earlier cells sit in reference cycles: collect them now, not
+    # inside this cell's clocks.
+    gc.collect()
     wall, cpu = time.perf_counter(), time.process_time()
     result = fn()
     return result, time.perf_counter() - wall, time.process_time() - cpu

@@ -12,9 +12,11 @@ with both products in the activations' dtype, fused into an in-place ``addmm_``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from kernels.cpu_plan import plan_cpu
+from kernels.cpu_plan import DENSE_RUN_MAX, plan_cpu
 from kernels.lora_meta import LoRAKernelMeta
 
 
@@ -51,12 +53,17 @@ def lora_expand_ref(
             out[start:end] += (y[start:end, :rank].float() @ b.T).to(out.dtype)
 
 
+# (first output column, width) of each sub-projection fused into one stack, in order.
+SubOutputs = Sequence[tuple[int, int]]
+
+
 def lora_add_cpu(
     x: torch.Tensor,
     lora_a: torch.Tensor,
     lora_b: torch.Tensor,
     meta: LoRAKernelMeta,
     out: torch.Tensor,
+    sub_outputs: SubOutputs | None = None,
 ) -> None:
     """``lora_expand_ref(lora_shrink_ref(x, lora_a, meta), lora_b, meta, out)`` computed in the
     inputs' dtype: x, lora_a, lora_b and out share one dtype.
@@ -69,13 +76,28 @@ def lora_add_cpu(
     reference) made LoRA cost more than the base matmuls it rides on. ``lora_b`` stored as a
     transposed view of a contiguous [num_slots, max_rank, out_features] stack (lora/layers.py
     on CPU) makes every B operand here a plain view.
+
+    ``sub_outputs``: the stacks fuse n sub-projections block-diagonally (lora/layers.py: a slot
+    of rank n * r holds sub i's rank columns at [i * r, i * r + r) and its output columns at
+    sub_outputs[i]); a long run's expand then multiplies only the non-zero blocks (n times
+    fewer FLOPs). Padded blocks keep one fused expand: per sub-projection their three extra
+    small calls cost more than the zeros (12 layers, 34 decode rows, 8 slots: 21.1 ms a step
+    per sub vs 17.2 fused; a 300-row prefill run: 19.4 vs 21.3).
     """
     plan = meta.cpu if meta.cpu is not None else plan_cpu(meta.segments, x.device)
+    subs = tuple(sub_outputs) if sub_outputs is not None and len(sub_outputs) > 1 else None
     for start, end, slot in plan.runs:
         rank = meta.ranks[slot]
-        if rank:
-            y = x[start:end] @ lora_a[slot, :rank].T  # [rows, rank]
+        if not rank:
+            continue
+        y = x[start:end] @ lora_a[slot, :rank].T  # [rows, rank]
+        if subs is None or end - start <= DENSE_RUN_MAX:
             out[start:end].addmm_(y, lora_b[slot, :, :rank].T)
+            continue
+        r = rank // len(subs)
+        for i, (offset, width) in enumerate(subs):
+            b = lora_b[slot, offset : offset + width, i * r : i * r + r]  # [width, r]
+            out[start:end, offset : offset + width].addmm_(y[:, i * r : i * r + r], b.T)
     for block in plan.blocks:
         num_slots = block.hi - block.lo
         xp = x.index_select(0, block.gather).view(num_slots, block.pad, -1)  # [slots, L, in]

@@ -61,6 +61,7 @@ class LoRALinear(nn.Module):
         super().__init__()
         self.base = base
         self.subs = tuple(subs)
+        self.sub_outputs = tuple((sub.offset, sub.width) for sub in self.subs)
         self.context = context
         n = len(self.subs)
         device = base.weight.device
@@ -94,7 +95,15 @@ class LoRALinear(nn.Module):
             if not any(self.targets[s] for s in meta.active_slots):
                 continue
             rows = part.rows
-            lora_add(x[rows], self.lora_a, self.lora_b, meta, out[rows], form=part.form)
+            lora_add(
+                x[rows],
+                self.lora_a,
+                self.lora_b,
+                meta,
+                out[rows],
+                form=part.form,
+                sub_outputs=self.sub_outputs,
+            )
         return out
 
     def set_slot(self, slot: int, layer: int, adapter: LoadedAdapter | None) -> None:

@@ -153,3 +153,49 @@ def test_a_block_over_a_wide_slot_range_stays_runs() -> None:
     assert meta.cpu.blocks == () and meta.cpu.runs == ((0, 4, 0), (4, 8, 31))
     near = LoRAKernelMeta.build([0] * 4 + [1] * 4, [4] * 32, 4, "cpu")
     assert near.cpu is not None and len(near.cpu.blocks) == 1 and near.cpu.runs == ()
+
+
+def _fused_case(
+    slots: list[int], ranks: list[int], off_block: float
+) -> tuple[LoRAKernelMeta, torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
+    """Stacks fusing 3 sub-projections the way lora/layers.py does: a slot of adapter rank r
+    holds sub i's A rows and B columns at [i * r, i * r + r), sub i's outputs at its columns;
+    `off_block` fills B outside those blocks (zero in the engine)."""
+    gen = torch.Generator().manual_seed(len(slots))
+    widths, max_rank, in_features = (5, 3, 3), 4, 6
+    subs = [(0, 5), (5, 3), (8, 3)]
+    num_slots = len(ranks)
+    lora_a = torch.zeros(num_slots, 3 * max_rank, in_features)  # [S, 3R, in]
+    lora_b = torch.full((num_slots, sum(widths), 3 * max_rank), off_block)  # [S, out, 3R]
+    for slot, r in enumerate(ranks):
+        lora_b[slot, :, 3 * r :] = 0.0  # beyond the slot's (fused) rank: zero, as layers.py
+        for i, (offset, width) in enumerate(subs):
+            lora_a[slot, i * r : i * r + r] = torch.randn(r, in_features, generator=gen)
+            block = torch.randn(width, r, generator=gen)
+            lora_b[slot, offset : offset + width, i * r : i * r + r] = block
+    meta = LoRAKernelMeta.build(slots, [3 * r for r in ranks], 3 * max_rank, "cpu")
+    x = torch.randn(len(slots), in_features, generator=gen)
+    return meta, x, lora_a, lora_b, subs
+
+
+@pytest.mark.parametrize("ranks", [[4, 4, 4], [4, 2, 4]], ids=["one-rank", "mixed-ranks"])
+def test_fused_stacks_skip_their_zero_blocks(ranks: list[int]) -> None:
+    n = DENSE_RUN_MAX
+    # a padded block of decode-like runs, then a long run (per-sub expand) and a base row
+    slots = [0, 0, 1, 2, 2] + [1] * (n + 3) + [-1]
+    meta, x, lora_a, lora_b, subs = _fused_case(slots, ranks, off_block=0.0)
+    assert meta.cpu is not None and meta.cpu.blocks and meta.cpu.runs
+    want = torch.zeros(len(slots), 11)
+    lora_add_cpu(x, lora_a, lora_b, meta, want)  # block-diagonal B multiplied whole
+    torch.testing.assert_close(want.double(), oracle(x, lora_a, lora_b, meta), atol=1e-5, rtol=1e-5)
+    got = torch.zeros(len(slots), 11)
+    lora_add_cpu(x, lora_a, lora_b, meta, got, subs)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # NaN outside the diagonal blocks shows which products were computed: the long run never
+    # reads them (the padded block multiplies its fused B whole, zeros included)
+    _, _, _, poisoned, _ = _fused_case(slots, ranks, off_block=float("nan"))
+    out = torch.zeros(len(slots), 11)
+    lora_add_cpu(x, lora_a, poisoned, meta, out, subs)
+    long_run = slice(5, 5 + n + 3)
+    torch.testing.assert_close(out[long_run], want[long_run], atol=1e-5, rtol=1e-5)
+    assert not torch.isfinite(out[:5]).all()
