@@ -12,7 +12,6 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.decode_backend import choose_decode_backend
 from engine.errors import AdapterNotFoundError, InvalidRequestError
 from engine.lora_setup import build_lora_manager, lora_stats
 from engine.model_runner import ForwardOutput, ModelRunner, kv_bytes_per_block
@@ -90,14 +89,7 @@ class LLMEngine:
             dtype=self.dtype,
             device=self.device,
             lora=self.lora,
-            decode_backend=choose_decode_backend(
-                config.decode_attention,
-                num_heads=mc.num_heads,
-                num_kv_heads=mc.num_kv_heads,
-                head_dim=mc.head_dim,
-                dtype=self.dtype,
-                device=self.device,
-            ),
+            decode_attention=config.decode_attention,
         )
         self.sampler = Sampler(mc.vocab_size, self.device, seed=config.seed)
         self._requests: dict[RequestId, _RequestState] = {}

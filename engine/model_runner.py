@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import AttentionMetadata, DecodeBackend, PrefillSegment
+from engine.decode_backend import choose_decode_backend
 from engine.models.hf_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.outputs import ScheduledSeq, SchedulerOutput
@@ -50,11 +51,18 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         lora: LoRAManager | None = None,
-        decode_backend: DecodeBackend = "sdpa",
+        decode_attention: str = "auto",
     ):
         self.model = model
         self.lora = lora
-        self.decode_backend: DecodeBackend = decode_backend
+        self.decode_backend: DecodeBackend = choose_decode_backend(
+            decode_attention,
+            num_heads=config.num_heads,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            dtype=dtype,
+            device=device,
+        )
         self.config = config
         self.block_size = block_size
         self.device = device
