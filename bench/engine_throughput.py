@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 from dataclasses import asdict
@@ -26,7 +25,7 @@ import torch
 from flops import FlopCount, FlopModel, MatmulPeak, measure_matmul_peak
 from measurement import SystemResult
 from plan import FULL, QUICK, WARMUP, Plan, ensure_model
-from report import Row, format_table, load_average, machine_info, versions
+from report import Row, format_table, load_average, write_record
 from workload import BenchRequest, WorkloadSpec, make_workload, summarize, token_pool
 
 from engine.models.hf_config import load_model_config
@@ -196,21 +195,16 @@ def main(argv: list[str] | None = None) -> int:
             "matmul_peak": asdict(peak),
             "workloads": cells,
             "table": [asdict(r) for r in rows],
-            "quick": args.quick,
-            "model": str(model_dir),
-            "dtype": args.dtype,
-            "threads": args.threads,
-            "date": started.isoformat(timespec="seconds"),
-            "machine": {
-                **machine_info(),
-                "load_average_start": load_start,
-                "load_average_end": load_end,
-            },
-            "versions": versions(),
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_record(
+            args.json,
+            record,
+            args,
+            model_dir=model_dir,
+            started=started,
+            load_start=load_start,
+            load_end=load_end,
+        )
     return 0
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import sys
 from collections.abc import Sequence
@@ -38,7 +37,7 @@ from lora_adapters import decode_step_bound, make_adapters, round_robin, zipf_as
 from lora_report import Cell, format_cells, ratios
 from peft_baseline import load_peft, run_peft, timed
 from plan import ensure_model
-from report import load_average, machine_info, versions
+from report import load_average, write_record
 from workload import BenchRequest, WorkloadSpec, make_workload, summarize, token_pool
 
 from engine.config import EngineConfig
@@ -332,21 +331,16 @@ def main(argv: list[str] | None = None) -> int:
             },
             "plan": asdict(plan),
             "summary": summarize(requests),
-            "quick": args.quick,
-            "model": str(model_dir),
-            "dtype": args.dtype,
-            "threads": args.threads,
-            "date": started.isoformat(timespec="seconds"),
-            "machine": {
-                **machine_info(),
-                "load_average_start": load_start,
-                "load_average_end": load_end,
-            },
-            "versions": versions(),
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_record(
+            args.json,
+            record,
+            args,
+            model_dir=model_dir,
+            started=started,
+            load_start=load_start,
+            load_end=load_end,
+        )
     return 0
 
 

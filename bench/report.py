@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import platform
 import subprocess
@@ -59,6 +61,37 @@ def machine_info() -> dict[str, Any]:
         "memory_gib": _memory_gib(),
         "platform": platform.platform(),
     }
+
+
+def write_record(
+    path: Path,
+    record: dict[str, Any],
+    args: Any,
+    *,
+    model_dir: Path,
+    started: datetime.datetime,
+    load_start: tuple[float, float, float],
+    load_end: tuple[float, float, float],
+) -> None:
+    """Write a benchmark's JSON: its own `record` plus what every run records about itself
+    (settings from `args`: quick, dtype, threads; the machine, its load, the versions)."""
+    record = {
+        **record,
+        "quick": args.quick,
+        "model": str(model_dir),
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "date": started.isoformat(timespec="seconds"),
+        "machine": {
+            **machine_info(),
+            "load_average_start": load_start,
+            "load_average_end": load_end,
+        },
+        "versions": versions(),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 def load_average() -> tuple[float, float, float]:
