@@ -169,6 +169,11 @@ class AsyncEngine:
         if self._submit(Abort([RequestId(request_id) for request_id in request_ids], reply)):
             await reply.future
 
+    def abort_nowait(self, request_id: str) -> None:
+        """Queue an abort and return at once (safe in any `finally`); the request's stream
+        still receives its final output (finish reason `abort`) if it is listening."""
+        self._queue_abort(RequestId(request_id))
+
     async def run_in_loop(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run `fn(engine)` on the loop thread between steps (the engine is not thread-safe)."""
         reply = self._reply()

@@ -1,15 +1,16 @@
 """The gateway app factory: `create_app(settings)`; the lifespan builds everything once.
 
 Start-up: database engine (and schema, with `auto_migrate`), quota store, key verifier (the
-tenancy runtime), tokenizer, engine client(s), usage writer, metrics. Shutdown, in order: the
-engines drain (in-flight requests finish and settle), the usage ledger is flushed, the stores
-close.
+tenancy runtime), tokenizer, engine client(s), usage writer, metrics, the request lifecycle.
+Shutdown, in order: the lifecycle drains (requests in flight finish or are stopped at the grace
+period, and settle), the engines close, the usage ledger is flushed, the stores close.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import contextlib
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -17,36 +18,25 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.admin import admin_router
-from gateway.coordinator import Coordinator
-from gateway.engine_api import EngineClient
-from gateway.errors import error_json, install_error_handlers
+from gateway.engines.build import build_engine_client
+from gateway.errors import ClientGone, error_json, install_error_handlers
+from gateway.lifecycle.bookkeeping import Bookkeeping
+from gateway.lifecycle.planner import Planner
+from gateway.lifecycle.service import RequestLifecycle
+from gateway.lifecycle.usage_writer import UsageWriter
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestContextMiddleware
 from gateway.policy import PolicyService
 from gateway.routes import chat, completions, generate, health, models
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
-from gateway.streaming import ClientGone
-from gateway.tokenizer import Tokenizer
-from gateway.usage_writer import UsageWriter
+from gateway.text.tokenizer import Tokenizer
 from tenancy.errors import TenancyError
 from tenancy.migrate import upgrade
 from tenancy.runtime import build_runtime
 
 # Not a standard status: what nginx logs for a client that closed the connection first.
 CLIENT_CLOSED_REQUEST = 499
-
-
-async def build_engine_client(
-    settings: GatewaySettings, vllm_priority: Callable[[int], int]
-) -> EngineClient:
-    if settings.engine_mode == "http":
-        from gateway.http_engine import HttpEngineClient
-
-        return HttpEngineClient.from_settings(settings, vllm_priority)
-    from gateway.engine_client import InProcessEngineClient
-
-    return await InProcessEngineClient.from_settings(settings)
 
 
 def _ensure_sqlite_dir(url: str) -> None:
@@ -81,28 +71,38 @@ async def build_state(settings: GatewaySettings) -> GatewayState:
         max_pending=settings.usage_max_pending,
     )
     usage.start()
+    policy = PolicyService(
+        runtime, base_model=settings.model_name, cache_ttl_s=settings.policy_cache_ttl_s
+    )
+    lifecycle = RequestLifecycle(
+        settings=settings,
+        policy=policy,
+        planner=Planner(
+            tokenizer, settings, vocab_size=engine.vocab_size, max_model_len=engine.max_model_len
+        ),
+        engine=engine,
+        quotas=runtime.quotas,
+        books=Bookkeeping(runtime.quotas, usage, metrics),
+    )
     return GatewayState(
         settings=settings,
         tenancy=runtime,
-        policy=PolicyService(
-            runtime, base_model=settings.model_name, cache_ttl_s=settings.policy_cache_ttl_s
-        ),
+        policy=policy,
         tokenizer=tokenizer,
         engine=engine,
-        coordinator=Coordinator(tokenizer, engine, settings),
+        lifecycle=lifecycle,
         usage=usage,
         metrics=metrics,
     )
 
 
 async def close_state(state: GatewayState) -> None:
-    try:
-        await state.engine.close()
-    finally:
-        try:
-            await state.usage.close()
-        finally:
-            await state.tenancy.close()
+    """Each step runs even if an earlier one failed (last pushed, first run)."""
+    async with contextlib.AsyncExitStack() as steps:
+        steps.push_async_callback(state.tenancy.close)
+        steps.push_async_callback(state.usage.close)  # after every run has recorded
+        steps.push_async_callback(state.engine.close)
+        await state.lifecycle.drain(state.settings.shutdown_grace_s)
 
 
 async def _tenancy_error(request: Request, exc: Exception) -> JSONResponse:

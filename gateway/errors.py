@@ -73,6 +73,19 @@ class EngineOverloaded(GatewayError):
         )
 
 
+class ShuttingDown(GatewayError):
+    """This gateway is draining: retry on another replica (or after its restart)."""
+
+    def __init__(self, message: str = "The gateway is shutting down; retry the request.") -> None:
+        super().__init__(
+            message=message,
+            status_code=503,
+            error_type="server_error",
+            code="shutting_down",
+            headers={"retry-after": "1"},
+        )
+
+
 class EngineFailed(GatewayError):
     """The engine (or every replica tried) failed: 500 for our own engine, 502 upstream."""
 
@@ -89,6 +102,10 @@ class Unauthorized(GatewayError):
             status_code=401,
             code="invalid_api_key",
         )
+
+
+class ClientGone(Exception):
+    """The client disconnected before its response started (answered 499, never sent)."""
 
 
 def error_json(exc: TenancyError) -> JSONResponse:

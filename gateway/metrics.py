@@ -23,7 +23,8 @@ REJECTION_REASONS = frozenset({
     "invalid_api_key", "insufficient_scope", "model_not_found", "rate_limit_exceeded",
     "insufficient_quota", "overloaded", "engine_error", "request_too_large", "invalid_value",
     "invalid_json", "missing_required_parameter", "unsupported_parameter",
-    "context_length_exceeded",
+    "context_length_exceeded", "database_unavailable", "quota_store_unavailable",
+    "identity_provider_unavailable", "shutting_down",
 })  # fmt: skip
 
 

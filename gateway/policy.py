@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from gateway.errors import ModelNotFound
 from tenancy.admin_auth import bearer_token
 from tenancy.crud.quotas import subjects_for
-from tenancy.errors import InsufficientScope, ServiceUnavailable
+from tenancy.errors import DatabaseUnavailable, InsufficientScope
 from tenancy.ids import ApiKeyId, TenantId
 from tenancy.models import Adapter
 from tenancy.quotas import QuotaSubject
@@ -127,7 +127,7 @@ class PolicyService:
                 async with self._runtime.sessionmaker() as session:
                     return await subjects_for(session, tenant_id=ctx.tenant_id, key_id=ctx.key_id)
             except (OperationalError, DBAPIError, OSError) as exc:
-                raise ServiceUnavailable("The database") from exc
+                raise DatabaseUnavailable() from exc
 
         return await self._subjects.get((ctx.tenant_id, ctx.key_id), load)
 
@@ -145,7 +145,7 @@ class PolicyService:
                 async with self._runtime.sessionmaker() as session:
                     rows = list((await session.scalars(query)).all())
             except (OperationalError, DBAPIError, OSError) as exc:
-                raise ServiceUnavailable("The database") from exc
+                raise DatabaseUnavailable() from exc
             visible: dict[str, AdapterRef] = {}
             # Public first, so a tenant's own adapter of the same name wins.
             for row in sorted(rows, key=lambda r: r.owner_tenant_id is not None):

@@ -46,6 +46,9 @@ class GatewaySettings(TenancySettings):
     engine_max_model_len: int | None = Field(default=None, ge=2)
     engine_max_queue_len: int = Field(default=4096, ge=1)
     engine_drain_timeout_s: float = Field(default=30.0, ge=0)
+    # How long an engine has to end a request it was asked to abort (the client left, a stop
+    # string, shutdown) before the gateway stops listening; the ledger counts what arrived.
+    engine_abort_timeout_s: float = Field(default=5.0, gt=0)
     engine_max_loras: int = Field(default=4, ge=1)
     engine_max_cpu_loras: int | None = Field(default=None, ge=1)
     engine_max_lora_rank: int = Field(default=16, ge=1)
@@ -61,6 +64,9 @@ class GatewaySettings(TenancySettings):
     policy_cache_ttl_s: float = Field(default=2.0, gt=0, le=60)
     # A comment line is sent on a stream that has been silent this long (queueing).
     sse_keepalive_s: float = Field(default=15.0, gt=0)
+    # On SIGTERM: requests in flight get this long to finish; then each stream ends with an
+    # error event and [DONE], and every settlement and usage record is written before exit.
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
 
     # ---- usage ledger, metrics, start-up -----------------------------------------------------
     usage_flush_interval_s: float = Field(default=0.5, gt=0)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.coordinator import Coordinator
-from gateway.engine_api import EngineClient
+from gateway.engines.api import EngineClient
+from gateway.lifecycle.service import RequestLifecycle
+from gateway.lifecycle.usage_writer import UsageWriter
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyService
 from gateway.settings import GatewaySettings
-from gateway.tokenizer import Tokenizer
-from gateway.usage_writer import UsageWriter
+from gateway.text.tokenizer import Tokenizer
 from tenancy.runtime import TenancyRuntime
 
 
@@ -21,6 +21,6 @@ class GatewayState:
     policy: PolicyService
     tokenizer: Tokenizer
     engine: EngineClient
-    coordinator: Coordinator
+    lifecycle: RequestLifecycle
     usage: UsageWriter
     metrics: GatewayMetrics

@@ -68,13 +68,32 @@ class BadRequest(TenancyError):
 
 
 class ServiceUnavailable(TenancyError):
-    """A backing store (database, Redis) is down: fail closed with 503, never 401."""
+    """A backing service is down: fail closed with 503 and `Retry-After`, never 401.
 
-    def __init__(self, what: str, retry_after_s: int = 1) -> None:
+    Each service has its own code (and so its own rejection metric), so clients and alerts can
+    tell a database outage from a quota-store outage from an overloaded engine.
+    """
+
+    def __init__(self, what: str, *, code: str, retry_after_s: int = 1) -> None:
         super().__init__(
             message=f"{what} is temporarily unavailable.",
             status_code=503,
             error_type="server_error",
-            code="overloaded",
+            code=code,
             headers={"retry-after": str(retry_after_s)},
         )
+
+
+class DatabaseUnavailable(ServiceUnavailable):
+    def __init__(self, what: str = "The database") -> None:
+        super().__init__(what, code="database_unavailable")
+
+
+class QuotaStoreUnavailable(ServiceUnavailable):
+    def __init__(self) -> None:
+        super().__init__("The quota store", code="quota_store_unavailable")
+
+
+class IdentityProviderUnavailable(ServiceUnavailable):
+    def __init__(self) -> None:
+        super().__init__("The identity provider", code="identity_provider_unavailable")

@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tenancy.crud.keys import find_by_hash
-from tenancy.errors import InvalidApiKey, ServiceUnavailable
+from tenancy.errors import DatabaseUnavailable, InvalidApiKey
 from tenancy.ids import ApiKeyId, TenantId
 from tenancy.keys import KeyMinter, digests_equal
 from tenancy.scopes import Scope
@@ -120,7 +120,7 @@ class KeyVerifier:
                 found = await find_by_hash(session, key_hash=key_hash)
         except (OperationalError, DBAPIError, OSError) as exc:
             # A database outage is never reported as a bad key.
-            raise ServiceUnavailable("The key store") from exc
+            raise DatabaseUnavailable("The key store") from exc
         if found is None or not digests_equal(found[0].key_hash, key_hash):
             raise InvalidApiKey()
         key, tenant = found

@@ -17,7 +17,7 @@ from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
-from tenancy.errors import InvalidApiKey, ServiceUnavailable
+from tenancy.errors import IdentityProviderUnavailable, InvalidApiKey
 from tenancy.ids import TenantId
 from tenancy.principal import Principal
 from tenancy.scopes import Scope
@@ -63,7 +63,7 @@ class OidcVerifier:
                 self._keys = KeySet.import_key_set(response.json())
             except (httpx.HTTPError, ValueError, JoseError) as exc:
                 if self._keys is None:
-                    raise ServiceUnavailable("The identity provider") from exc
+                    raise IdentityProviderUnavailable() from exc
             self._fetched_at = now
         assert self._keys is not None
         return self._keys

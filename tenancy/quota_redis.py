@@ -1,6 +1,6 @@
 """The Redis QuotaStore (distributed mode): one Lua script per admission, exact across replicas.
 
-Redis down means fail closed: ServiceUnavailable (503), never an admission and never a 401.
+Redis down means fail closed: QuotaStoreUnavailable (503), never an admission and never a 401.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from tenancy.errors import ServiceUnavailable
+from tenancy.errors import QuotaStoreUnavailable
 from tenancy.ids import RequestId
 from tenancy.quota_lua import ADMIT, SETTLE, USAGE
 from tenancy.quotas import (
@@ -102,9 +102,9 @@ class RedisQuotaStore:
         except ResponseError as exc:
             if "duplicate request id" in str(exc):
                 raise ValueError("duplicate request id") from exc
-            raise ServiceUnavailable("The quota store") from exc
+            raise QuotaStoreUnavailable() from exc
         except (RedisError, OSError) as exc:
-            raise ServiceUnavailable("The quota store") from exc
+            raise QuotaStoreUnavailable() from exc
         assert isinstance(reply, list)
         values = [int(v) for v in reply]
         if values[0] == 1:
@@ -136,7 +136,7 @@ class RedisQuotaStore:
         try:
             await self._settle(self._client, keys, args)
         except (RedisError, OSError) as exc:
-            raise ServiceUnavailable("The quota store") from exc
+            raise QuotaStoreUnavailable() from exc
 
     async def usage(self, subject_key: str) -> QuotaUsage:
         now = self._clock()
@@ -146,7 +146,7 @@ class RedisQuotaStore:
                 self._client, self._keys(subject_key, day, month), [repr(now), WINDOW_S]
             )
         except (RedisError, OSError) as exc:
-            raise ServiceUnavailable("The quota store") from exc
+            raise QuotaStoreUnavailable() from exc
         assert isinstance(reply, list)
         r, t, leases, d, m = (int(v) for v in reply)
         return QuotaUsage(r, t, leases, d, m)

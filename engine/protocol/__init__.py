@@ -1,6 +1,7 @@
 """The tokens-only wire schema (spec/tokens-api.md), shared by the engine server and the
 gateway's engine clients. Pure pydantic; `requests` parses, `responses` renders."""
 
+from engine.errors import InvalidRequestError
 from engine.protocol.requests import (
     INT64_MAX,
     INT64_MIN,
@@ -36,6 +37,7 @@ from engine.protocol.responses import (
     render_logprobs,
     render_prompt_logprobs,
     sse_event,
+    sse_json,
 )
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "GenerateRequest",
     "GenerateResponse",
     "GenerateSamplingParams",
+    "InvalidRequestError",
     "LogprobContent",
     "PromptLogprob",
     "ResponseBuilder",
@@ -69,6 +72,7 @@ __all__ = [
     "render_logprobs",
     "render_prompt_logprobs",
     "sse_event",
+    "sse_json",
     "to_engine_request",
     "to_sampling_params",
 ]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -251,3 +252,8 @@ SSE_DONE = b"data: [DONE]\n\n"
 def sse_event(payload: BaseModel) -> bytes:
     """One server-sent event; compact JSON never holds a raw newline, so the framing is safe."""
     return b"data: " + payload.model_dump_json().encode() + b"\n\n"
+
+
+def sse_json(payload: Mapping[str, Any]) -> bytes:
+    """`sse_event` for a plain JSON object (the gateway's OpenAI chunks)."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"

@@ -7,7 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from tenancy.errors import BadRequest, ServiceUnavailable, TenancyError
+from tenancy.errors import BadRequest, DatabaseUnavailable, TenancyError
 
 
 def _respond(exc: TenancyError) -> JSONResponse:
@@ -29,7 +29,7 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 
 
 async def _database_error(_: Request, exc: Exception) -> JSONResponse:
-    return _respond(ServiceUnavailable("The database"))
+    return _respond(DatabaseUnavailable())
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -21,7 +21,7 @@ from sqlalchemy import select
 
 from engine.protocol import GenerateRequest
 from gateway.app import create_app
-from gateway.engine_api import EngineClient, EngineStream
+from gateway.engines.api import EngineClient, EngineStream
 from gateway.policy import AdapterRef
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
@@ -150,12 +150,12 @@ class Gateway:
     def record_requests(self) -> RecordingClient:
         recorder = RecordingClient(self.state.engine)
         self.state.engine = recorder
-        self.state.coordinator.client = recorder
+        self.state.lifecycle.engine = recorder
         return recorder
 
     def stop_recording(self, recorder: RecordingClient) -> None:
         self.state.engine = recorder.inner
-        self.state.coordinator.client = recorder.inner
+        self.state.lifecycle.engine = recorder.inner
 
     async def usage_records(self, tenant: TenantKey) -> list[UsageRecord]:
         await self.state.usage.flush()

@@ -63,7 +63,7 @@ async def test_redis_down_is_503_and_recovery_is_automatic(
         async def ask() -> int:
             r = await gw.client.post("/v1/chat/completions", headers=tenant.headers, json=body)
             if r.status_code == 503:
-                assert r.json()["error"]["code"] == "overloaded"
+                assert r.json()["error"]["code"] == "quota_store_unavailable"
                 assert "retry-after" in r.headers
             return r.status_code
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.detokenizer import ByteDetokenizer, WindowDetokenizer, make_detokenizer
-from gateway.stop_strings import StopStringFilter
-from gateway.tokenizer import Tokenizer
+from gateway.text.detokenizer import ByteDetokenizer, WindowDetokenizer, make_detokenizer
+from gateway.text.stop_strings import StopStringFilter
+from gateway.text.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

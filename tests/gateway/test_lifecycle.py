@@ -3,6 +3,7 @@ completions request stream as one response with one usage record."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -47,6 +48,11 @@ async def test_shutdown_flushes_the_usage_ledger_and_output_options(
         finished = {c["index"] for e in events for c in e["choices"] if c["finish_reason"]}
         assert finished == {0, 1, 2, 3}
         assert events[-1]["usage"]["completion_tokens"] == 20
+        # Each run records once its engine streams have ended, just after its answer.
+        deadline = asyncio.get_running_loop().time() + 10
+        while gw.state.usage.num_pending < 4:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
         assert gw.state.usage.num_pending == 4  # nothing written yet
     engine = make_engine(settings.database_url)
     try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from engine.protocol import GenerateRequest, GenerateSamplingParams
-from gateway.http_engine import wire_body
-from gateway.replicas import Replica, adapter_tiers, route
+from gateway.engines.http import wire_body
+from gateway.engines.replicas import Replica, adapter_tiers, route
 
 
 def _replicas() -> list[Replica]:

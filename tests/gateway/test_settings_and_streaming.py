@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from gateway.lifecycle.responder import KEEPALIVE, EventStreamResponse
 from gateway.settings import GatewaySettings
-from gateway.streaming import KEEPALIVE, EventStreamResponse
 
 
 def _settings(model: Path, **overrides: Any) -> GatewaySettings:
@@ -59,15 +58,24 @@ def test_served_model_shapes_become_the_adapter_checks(tiny_model_dir: Path) -> 
     assert settings.adapter_limits.max_rank == 8
 
 
-async def test_keepalive_comments_while_the_engine_is_silent_and_the_source_is_closed() -> None:
-    closed = asyncio.Event()
+class Source:
+    """The two things the streamed response uses of a run: its event queue and client_gone."""
 
-    async def events() -> AsyncGenerator[bytes, None]:
-        try:
-            await asyncio.sleep(0.35)  # a request waiting in the engine's queue
-            yield b"data: {}\n\n"
-        finally:
-            closed.set()
+    def __init__(self) -> None:
+        self.events: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.num_gone_calls = 0
+
+    def client_gone(self) -> None:
+        self.num_gone_calls += 1
+
+
+async def test_keepalive_comments_while_the_engine_is_silent_and_the_end_is_sent() -> None:
+    source = Source()
+
+    async def engine() -> None:
+        await asyncio.sleep(0.35)  # a request waiting in the engine's queue
+        source.events.put_nowait(b"data: {}\n\n")
+        source.events.put_nowait(None)
 
     sent: list[dict[str, Any]] = []
 
@@ -78,27 +86,26 @@ async def test_keepalive_comments_while_the_engine_is_silent_and_the_source_is_c
         await asyncio.Event().wait()  # the client stays
         return {}
 
-    response = EventStreamResponse([], events(), headers={}, keepalive_s=0.1)
+    producer = asyncio.create_task(engine())
+    response = EventStreamResponse(source, b"", headers={}, keepalive_s=0.1)
     await response({"type": "http"}, receive, send)
+    await producer
     bodies = [m.get("body") for m in sent if m["type"] == "http.response.body"]
     assert bodies.count(KEEPALIVE) >= 2
     assert bodies[-2:] == [b"data: {}\n\n", b""]
-    assert closed.is_set()
+    assert sent[-1].get("more_body") is False
     start = next(m for m in sent if m["type"] == "http.response.start")
     assert (b"content-type", b"text/event-stream; charset=utf-8") in start["headers"]
     assert not any(k == b"content-length" for k, _ in start["headers"])
 
 
-async def test_a_client_that_leaves_closes_the_event_source() -> None:
-    closed = asyncio.Event()
+async def test_a_client_that_leaves_is_reported_to_the_run_at_once() -> None:
+    source = Source()
 
-    async def events() -> AsyncGenerator[bytes, None]:
-        try:
-            while True:
-                await asyncio.sleep(0.01)
-                yield b"data: {}\n\n"
-        finally:
-            closed.set()
+    async def engine() -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            source.events.put_nowait(b"data: {}\n\n")
 
     async def send(message: dict[str, Any]) -> None:
         return None
@@ -107,6 +114,10 @@ async def test_a_client_that_leaves_closes_the_event_source() -> None:
         await asyncio.sleep(0.1)
         return {"type": "http.disconnect"}
 
-    response = EventStreamResponse([], events(), headers={}, keepalive_s=1.0)
-    await asyncio.wait_for(response({"type": "http"}, receive, send), 5)
-    assert closed.is_set()
+    producer = asyncio.create_task(engine())
+    response = EventStreamResponse(source, b"data: {}\n\n", headers={}, keepalive_s=1.0)
+    try:
+        await asyncio.wait_for(response({"type": "http"}, receive, send), 5)
+    finally:
+        producer.cancel()
+    assert source.num_gone_calls >= 1

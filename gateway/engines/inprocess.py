@@ -1,8 +1,8 @@
 """The in-process engine client (the embedded default): the AsyncEngine in this process.
 
-The only gateway module that imports the engine beyond its wire schema. Outputs are rendered
-into the same wire events the HTTP client parses, so everything above this module runs one code
-path for both kinds of engine.
+The only gateway module that imports the engine beyond its wire schema (an import-linter
+contract lists each of its imports). Outputs are rendered into the same wire events the HTTP
+client parses, so everything above this module runs one code path for both kinds of engine.
 """
 
 from __future__ import annotations
@@ -29,15 +29,12 @@ from engine.protocol import (
     EngineLimits,
     GenerateRequest,
     GenerateResponse,
-    GenerateSamplingParams,
     ResponseBuilder,
     is_error_output,
-    parse_generate_request,
     to_engine_request,
-    to_sampling_params,
 )
 from engine.request_stream import RequestStream
-from gateway.engine_api import EngineStreamError
+from gateway.engines.api import EngineStreamError
 from gateway.errors import BadRequest, EngineFailed, EngineOverloaded, ModelNotFound
 from gateway.policy import AdapterRef
 from gateway.settings import GatewaySettings
@@ -80,9 +77,11 @@ def gateway_error(exc: EngineError) -> TenancyError:
 class LocalStream:
     """One request's outputs as wire events; closing it early aborts the request."""
 
-    def __init__(self, wire: GenerateRequest, stream: RequestStream) -> None:
+    def __init__(self, engine: AsyncEngine, wire: GenerateRequest, stream: RequestStream) -> None:
+        self._engine = engine
         self._builder = ResponseBuilder(wire)
         self._stream = stream
+        self._aborted = False
 
     def __aiter__(self) -> AsyncIterator[GenerateResponse]:
         return self._events()
@@ -99,6 +98,12 @@ class LocalStream:
                 yield chunk
         if self._stream.finished:
             yield builder.usage_chunk()
+
+    def abort(self) -> None:
+        if self._aborted or self._stream.finished or self._stream.closed:
+            return
+        self._aborted = True
+        self._engine.abort_nowait(self._stream.request_id)
 
     async def aclose(self) -> None:
         self._stream.close()
@@ -139,7 +144,7 @@ class InProcessEngineClient:
             self._loaded.pop(adapter.engine_name, None)  # unloaded meanwhile: load it again
             await self._ensure_loaded(adapter)
             stream = await self._add(request)
-        return LocalStream(request, stream)
+        return LocalStream(self.engine, request, stream)
 
     async def _add(self, request: GenerateRequest) -> RequestStream:
         try:
@@ -177,22 +182,3 @@ class InProcessEngineClient:
 
     async def close(self) -> None:
         await self.engine.shutdown(self._drain_timeout_s)
-
-
-# ---- wire validation with gateway errors (the engine's own rules, before it is touched) ------
-
-
-def parse_wire_request(body: bytes) -> GenerateRequest:
-    """A tokens-only request body; a 400 names the field."""
-    try:
-        return parse_generate_request(body)
-    except InvalidRequestError as exc:
-        raise BadRequest(exc.message, param=exc.param) from None
-
-
-def check_sampling(params: GenerateSamplingParams, *, vocab_size: int) -> None:
-    """The engine's range checks (n, logprobs, penalties, ...); a 400 names the field."""
-    try:
-        to_sampling_params(params, vocab_size=vocab_size)
-    except InvalidRequestError as exc:
-        raise BadRequest(exc.message, param=exc.param) from None

@@ -4,8 +4,8 @@ engine servers, or vLLM servers in tokens-only mode).
 Every request streams from the engine. A request goes to the best replica (see replicas.py);
 if that replica cannot be reached, refuses with 5xx, or fails before the first event, the next
 one is tried. After the first event there is no retry: a failure ends the stream with an
-`EngineStreamError`. Closing a stream early aborts the request on its replica (the connection
-is closed and `/abort_requests` is sent).
+`EngineStreamError`. `abort()` sends `/abort_requests` and keeps reading to the engine's last
+event; closing a stream early drops the connection and sends `/abort_requests` too.
 
 vLLM mode drops loragate's extension field (`fairness_key`) and maps priorities to vLLM's
 convention.
@@ -24,11 +24,11 @@ import httpx
 from pydantic import ValidationError
 
 from engine.protocol import GenerateRequest, GenerateResponse
-from gateway.engine_api import EngineStreamError
+from gateway.engines.api import EngineStreamError
+from gateway.engines.http_wire import Pool, Response, WireError
+from gateway.engines.replicas import Replica, adapter_tiers, route
 from gateway.errors import BadRequest, EngineFailed, EngineOverloaded, ModelNotFound
-from gateway.http_wire import Pool, Response, WireError
 from gateway.policy import AdapterRef
-from gateway.replicas import Replica, adapter_tiers, route
 from gateway.settings import GatewaySettings
 from tenancy.errors import TenancyError
 
@@ -88,6 +88,7 @@ class HttpStream:
         self._first: GenerateResponse | None = first
         self._done = False
         self._closed = False
+        self._aborted = False
 
     def __aiter__(self) -> AsyncIterator[GenerateResponse]:
         return self._events()
@@ -116,13 +117,19 @@ class HttpStream:
             async for _ in self._lines:
                 pass
 
+    def abort(self) -> None:
+        if self._aborted or self._done or self._closed:
+            return
+        self._aborted = True
+        self._client.abort_later(self._replica, self._request_id)
+
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
         self._replica.outstanding -= 1
         self._response.close()
-        if not self._done:
+        if not self._done and not self._aborted:
             self._client.abort_later(self._replica, self._request_id)
 
 

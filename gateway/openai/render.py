@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from gateway.choices import TokenLogprob
-from gateway.inference import Accounting
-from gateway.tokenizer import Tokenizer
+from gateway.text.choices import TokenLogprob
+from gateway.text.tokenizer import Tokenizer
 
 JSON = dict[str, Any]
 
 
-def usage(acc: Accounting) -> JSON:
+class Counts(Protocol):
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
+    @property
+    def num_completion_tokens(self) -> int: ...
+
+    @property
+    def num_cached_tokens(self) -> int: ...
+
+
+def usage(acc: Counts) -> JSON:
     prompt, completion = acc.num_prompt_tokens, acc.num_completion_tokens
     return {
         "prompt_tokens": prompt,

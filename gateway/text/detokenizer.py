@@ -16,7 +16,7 @@ from __future__ import annotations
 import codecs
 from typing import Protocol
 
-from gateway.tokenizer import Tokenizer
+from gateway.text.tokenizer import Tokenizer
 
 # How many earlier tokens the generic scheme re-decodes as context (vLLM's choice).
 _WINDOW = 5

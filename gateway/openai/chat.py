@@ -1,14 +1,82 @@
-"""`chat.completion` bodies and `chat.completion.chunk` events."""
+"""Chat completions: the job (messages -> chat template -> one engine request) and its
+renderer (`chat.completion` bodies, `chat.completion.chunk` events)."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
 
-from gateway.choices import ChoiceDelta, TokenLogprob
-from gateway.generation import Generation
-from gateway.render import JSON, chat_logprobs, usage
-from gateway.streaming import SSE_DONE, sse
-from gateway.tokenizer import Tokenizer
+from engine.protocol import SSE_DONE, sse_json
+from gateway.errors import BadRequest
+from gateway.lifecycle.job import EngineTarget, Plan
+from gateway.lifecycle.planner import Planner, reserve_tokens
+from gateway.openai.render import JSON, chat_logprobs, usage
+from gateway.openai.sampling import text_sampling
+from gateway.openai.schemas import ChatCompletionRequest
+from gateway.openai.text_output import TextOutput
+from gateway.text.choices import ChoiceDelta, TokenLogprob
+from gateway.text.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ChatJob:
+    body: ChatCompletionRequest
+    id_prefix: str = "chatcmpl"
+
+    @property
+    def model(self) -> str:
+        return self.body.model
+
+    @property
+    def priority_hint(self) -> int | None:
+        return self.body.priority
+
+    @property
+    def stream(self) -> bool:
+        return self.body.stream
+
+    def plan(self, planner: Planner, target: EngineTarget) -> Plan:
+        body = self.body
+        tokenizer = planner.tokenizer
+        prompt = tokenizer.encode_chat(body.template_messages())
+        if not prompt:
+            raise BadRequest("The messages render to an empty prompt.", param="messages")
+        top = body.top_logprobs or 0
+        sampling = text_sampling(
+            planner,
+            body,
+            [prompt],
+            prompt_param="messages",
+            max_tokens=body.requested_max_tokens,
+            logprobs=top if body.logprobs else None,
+            aliases={"logprobs": "top_logprobs"},
+        )
+        params = sampling.params
+        renderer = ChatRenderer(
+            response_id=target.request_id,
+            model=target.model.name,
+            created=int(time.time()),
+            num_choices=params.n,
+            tokenizer=tokenizer,
+            include_usage=body.include_usage,
+            want_logprobs=body.logprobs,
+        )
+        output = TextOutput(
+            tokenizer,
+            renderer,
+            prompts=[prompt],
+            n=params.n,
+            stops=sampling.stops,
+            include_stop=sampling.include_stop,
+            want_logprobs=params.logprobs is not None,
+            stream=body.stream,
+        )
+        return Plan(
+            requests=planner.engine_requests([prompt], params, target),
+            reserve_tokens=reserve_tokens([prompt], params),
+            output=output,
+        )
 
 
 class ChatRenderer:
@@ -52,7 +120,7 @@ class ChatRenderer:
             if d.finish_reason is not None:
                 self._finish[d.index] = (d.finish_reason, d.stop_reason)
 
-    def body(self, generation: Generation) -> JSON:
+    def body(self, output: TextOutput) -> JSON:
         choices = [
             {
                 "index": i,
@@ -71,7 +139,7 @@ class ChatRenderer:
             **self._head,
             "object": "chat.completion",
             "choices": choices,
-            "usage": usage(generation),
+            "usage": usage(output),
         }
 
     # ---- streamed ------------------------------------------------------------------------------
@@ -80,9 +148,9 @@ class ChatRenderer:
         payload: dict[str, Any] = {**self._head, "choices": choices}
         if self._include_usage:
             payload["usage"] = usage_json
-        return sse(payload)
+        return sse_json(payload)
 
-    def stream_start(self, generation: Generation) -> list[bytes]:
+    def stream_start(self, output: TextOutput) -> list[bytes]:
         return [
             self._chunk(
                 [
@@ -113,6 +181,6 @@ class ChatRenderer:
             chunks.append(self._chunk([choice]))
         return chunks
 
-    def stream_end(self, generation: Generation) -> list[bytes]:
-        tail = [self._chunk([], usage(generation))] if self._include_usage else []
+    def stream_end(self, output: TextOutput) -> list[bytes]:
+        tail = [self._chunk([], usage(output))] if self._include_usage else []
         return [*tail, SSE_DONE]

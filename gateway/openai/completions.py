@@ -1,14 +1,104 @@
-"""`text_completion` bodies and streamed events, with `echo` and legacy `logprobs`."""
+"""Completions: the job (one engine request per prompt: text, token ids, or lists of either)
+and its renderer (`text_completion` bodies and streamed events, `echo`, legacy `logprobs`)."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
 
-from gateway.choices import ChoiceDelta
-from gateway.generation import Generation
-from gateway.render import JSON, LegacyLogprobs, usage
-from gateway.streaming import SSE_DONE, sse
-from gateway.tokenizer import Tokenizer
+from engine.protocol import SSE_DONE, sse_json
+from gateway.errors import BadRequest
+from gateway.lifecycle.job import EngineTarget, Plan
+from gateway.lifecycle.planner import Planner, reserve_tokens
+from gateway.openai.render import JSON, LegacyLogprobs, usage
+from gateway.openai.sampling import text_sampling
+from gateway.openai.schemas import CompletionRequest
+from gateway.openai.text_output import TextOutput
+from gateway.text.choices import ChoiceDelta
+from gateway.text.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class CompletionJob:
+    body: CompletionRequest
+    id_prefix: str = "cmpl"
+
+    @property
+    def model(self) -> str:
+        return self.body.model
+
+    @property
+    def priority_hint(self) -> int | None:
+        return self.body.priority
+
+    @property
+    def stream(self) -> bool:
+        return self.body.stream
+
+    def plan(self, planner: Planner, target: EngineTarget) -> Plan:
+        body = self.body
+        prompts = _prompts(planner, body)
+        echo_logprobs = body.echo and body.logprobs is not None
+        sampling = text_sampling(
+            planner,
+            body,
+            prompts,
+            prompt_param="prompt",
+            max_tokens=body.requested_max_tokens,
+            logprobs=body.logprobs,
+            prompt_logprobs=body.logprobs if echo_logprobs else None,
+            aliases={"prompt_logprobs": "logprobs"},
+        )
+        params = sampling.params
+        renderer = CompletionRenderer(
+            response_id=target.request_id,
+            model=target.model.name,
+            created=int(time.time()),
+            prompts=prompts,
+            n=params.n,
+            tokenizer=planner.tokenizer,
+            include_usage=body.include_usage,
+            echo=body.echo,
+            want_logprobs=body.logprobs is not None,
+        )
+        output = TextOutput(
+            planner.tokenizer,
+            renderer,
+            prompts=prompts,
+            n=params.n,
+            stops=sampling.stops,
+            include_stop=sampling.include_stop,
+            want_logprobs=params.logprobs is not None,
+            stream=body.stream,
+        )
+        return Plan(
+            requests=planner.engine_requests(prompts, params, target),
+            reserve_tokens=reserve_tokens(prompts, params),
+            output=output,
+        )
+
+
+def _prompts(planner: Planner, body: CompletionRequest) -> list[list[int]]:
+    prompt, tokenizer = body.prompt, planner.tokenizer
+    prompts: list[list[int]]
+    if isinstance(prompt, str):
+        prompts = [tokenizer.encode(prompt)]
+    elif prompt and all(isinstance(p, int) for p in prompt):
+        prompts = [list(prompt)]  # type: ignore[arg-type]
+    else:
+        prompts = [
+            tokenizer.encode(p) if isinstance(p, str) else list(p)  # type: ignore[arg-type]
+            for p in prompt
+        ]
+    if not prompts:
+        raise BadRequest("prompt must not be empty.", param="prompt")
+    limit = planner.settings.max_prompts_per_request
+    if len(prompts) > limit:
+        raise BadRequest(f"At most {limit} prompts per request.", param="prompt")
+    for ids in prompts:
+        planner.check_token_ids(ids, param="prompt")
+    return prompts
 
 
 class CompletionRenderer:
@@ -45,11 +135,11 @@ class CompletionRenderer:
         ]
         self._finish: list[tuple[str | None, str | int | None]] = [(None, None)] * num_choices
 
-    def _prompt_logprobs(self, generation: Generation, prompt: int) -> JSON | None:
+    def _prompt_logprobs(self, output: TextOutput, prompt: int) -> JSON | None:
         """The echoed prompt's own logprobs (position 0 has none, as in OpenAI)."""
         if not (self._echo and self._want_logprobs):
             return None
-        rows = generation.prompt_logprobs[prompt] or []
+        rows = output.prompt_logprobs[prompt] or []
         out = LegacyLogprobs(self._tokenizer)
         for position, token_id in enumerate(self._prompts[prompt]):
             row = rows[position] if position < len(rows) else None
@@ -71,14 +161,14 @@ class CompletionRenderer:
             if d.finish_reason is not None:
                 self._finish[d.index] = (d.finish_reason, d.stop_reason)
 
-    def body(self, generation: Generation) -> JSON:
+    def body(self, output: TextOutput) -> JSON:
         choices = []
         for i, texts in enumerate(self._texts):
             prompt = i // self._n
             logprobs: JSON | None = None
             if self._want_logprobs:
                 logprobs = self._logprobs[i].take()
-                echoed = self._prompt_logprobs(generation, prompt)
+                echoed = self._prompt_logprobs(output, prompt)
                 if echoed is not None:
                     logprobs = {k: echoed[k] + logprobs[k] for k in logprobs}
             choices.append(
@@ -90,7 +180,7 @@ class CompletionRenderer:
                     "stop_reason": self._finish[i][1],
                 }
             )
-        return {**self._head, "choices": choices, "usage": usage(generation)}
+        return {**self._head, "choices": choices, "usage": usage(output)}
 
     # ---- streamed ------------------------------------------------------------------------------
 
@@ -98,9 +188,9 @@ class CompletionRenderer:
         payload: dict[str, Any] = {**self._head, "choices": choices}
         if self._include_usage:
             payload["usage"] = usage_json
-        return sse(payload)
+        return sse_json(payload)
 
-    def stream_start(self, generation: Generation) -> list[bytes]:
+    def stream_start(self, output: TextOutput) -> list[bytes]:
         if not self._echo:
             return []
         return [
@@ -109,7 +199,7 @@ class CompletionRenderer:
                     {
                         "index": i,
                         "text": self._echo_texts[i // self._n],
-                        "logprobs": self._prompt_logprobs(generation, i // self._n),
+                        "logprobs": self._prompt_logprobs(output, i // self._n),
                         "finish_reason": None,
                     }
                 ]
@@ -137,6 +227,6 @@ class CompletionRenderer:
             chunks.append(self._chunk([choice]))
         return chunks
 
-    def stream_end(self, generation: Generation) -> list[bytes]:
-        tail = [self._chunk([], usage(generation))] if self._include_usage else []
+    def stream_end(self, output: TextOutput) -> list[bytes]:
+        tail = [self._chunk([], usage(output))] if self._include_usage else []
         return [*tail, SSE_DONE]

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.protocol import GenerateChoice
-from gateway.detokenizer import Detokenizer
-from gateway.stop_strings import StopStringFilter
+from gateway.text.detokenizer import Detokenizer
+from gateway.text.stop_strings import StopStringFilter
 
 # The engine renders token ids as "token_id:<id>" in logprobs (vLLM's tokens-only convention).
 _TOKEN_ID_PREFIX = "token_id:"

@@ -4,6 +4,10 @@ Both clients speak the tokens-only wire schema (engine.protocol): a `GenerateReq
 and a stream of `GenerateResponse` events comes out, each carrying the new token ids of its
 choices, the last one carrying `usage`. Errors before the first event are gateway errors with
 their HTTP status (400, 404, 503, 500/502); a failure after it is an `EngineStreamError`.
+
+Ending a request early has two steps, so the ledger counts exactly what the engine produced:
+`abort()` asks the engine to stop and the stream goes on to the engine's last event (finish
+reason `abort`, then `usage`); `aclose()` stops listening, at once, whatever is left.
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ class EngineStreamError(Exception):
 
 class EngineStream(Protocol):
     def __aiter__(self) -> AsyncIterator[GenerateResponse]: ...
+
+    def abort(self) -> None:
+        """Ask the engine to stop this request; the stream then ends with its final events.
+        Synchronous (callable from any exit path) and idempotent; never raises."""
+        ...
 
     async def aclose(self) -> None:
         """Stop listening; an unfinished request is aborted on its engine. Idempotent."""
