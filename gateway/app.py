@@ -20,10 +20,9 @@ from fastapi.responses import JSONResponse, Response
 from gateway.admin import admin_router
 from gateway.engines.build import build_engine_client
 from gateway.errors import ClientGone, error_json, install_error_handlers
-from gateway.lifecycle.bookkeeping import Bookkeeping
-from gateway.lifecycle.planner import Planner
+from gateway.lifecycle.bookkeeping import Bookkeeping, UsageWriter
+from gateway.lifecycle.job import Planner
 from gateway.lifecycle.service import RequestLifecycle
-from gateway.lifecycle.usage_writer import UsageWriter
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestContextMiddleware
 from gateway.policy import PolicyService

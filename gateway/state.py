@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.engines.api import EngineClient
+from gateway.lifecycle.bookkeeping import UsageWriter
 from gateway.lifecycle.service import RequestLifecycle
-from gateway.lifecycle.usage_writer import UsageWriter
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyService
 from gateway.settings import GatewaySettings

@@ -9,11 +9,9 @@ from typing import Any
 
 from engine.protocol import SSE_DONE, sse_json
 from gateway.errors import BadRequest
-from gateway.lifecycle.job import EngineTarget, Plan
-from gateway.lifecycle.planner import Planner, reserve_tokens
-from gateway.openai.render import JSON, chat_logprobs, usage
-from gateway.openai.sampling import text_sampling
-from gateway.openai.schemas import ChatCompletionRequest
+from gateway.lifecycle.job import EngineTarget, Plan, Planner, reserve_tokens
+from gateway.openai.render import JSON, chat_logprobs
+from gateway.openai.schemas import ChatCompletionRequest, text_sampling
 from gateway.openai.text_output import TextOutput
 from gateway.text.choices import ChoiceDelta, TokenLogprob
 from gateway.text.tokenizer import Tokenizer
@@ -139,7 +137,7 @@ class ChatRenderer:
             **self._head,
             "object": "chat.completion",
             "choices": choices,
-            "usage": usage(output),
+            "usage": output.usage(),
         }
 
     # ---- streamed ------------------------------------------------------------------------------
@@ -182,5 +180,5 @@ class ChatRenderer:
         return chunks
 
     def stream_end(self, output: TextOutput) -> list[bytes]:
-        tail = [self._chunk([], usage(output))] if self._include_usage else []
+        tail = [self._chunk([], output.usage())] if self._include_usage else []
         return [*tail, SSE_DONE]

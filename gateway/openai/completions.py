@@ -9,11 +9,9 @@ from typing import Any
 
 from engine.protocol import SSE_DONE, sse_json
 from gateway.errors import BadRequest
-from gateway.lifecycle.job import EngineTarget, Plan
-from gateway.lifecycle.planner import Planner, reserve_tokens
-from gateway.openai.render import JSON, LegacyLogprobs, usage
-from gateway.openai.sampling import text_sampling
-from gateway.openai.schemas import CompletionRequest
+from gateway.lifecycle.job import EngineTarget, Plan, Planner, reserve_tokens
+from gateway.openai.render import JSON, LegacyLogprobs
+from gateway.openai.schemas import CompletionRequest, text_sampling
 from gateway.openai.text_output import TextOutput
 from gateway.text.choices import ChoiceDelta
 from gateway.text.tokenizer import Tokenizer
@@ -180,7 +178,7 @@ class CompletionRenderer:
                     "stop_reason": self._finish[i][1],
                 }
             )
-        return {**self._head, "choices": choices, "usage": usage(output)}
+        return {**self._head, "choices": choices, "usage": output.usage()}
 
     # ---- streamed ------------------------------------------------------------------------------
 
@@ -228,5 +226,5 @@ class CompletionRenderer:
         return chunks
 
     def stream_end(self, output: TextOutput) -> list[bytes]:
-        tail = [self._chunk([], usage(output))] if self._include_usage else []
+        tail = [self._chunk([], output.usage())] if self._include_usage else []
         return [*tail, SSE_DONE]

@@ -1,34 +1,13 @@
-"""Pieces of OpenAI responses shared by chat and completions: usage, logprobs, errors."""
+"""Pieces of OpenAI responses shared by chat and completions: logprobs and error events."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from gateway.text.choices import TokenLogprob
 from gateway.text.tokenizer import Tokenizer
 
 JSON = dict[str, Any]
-
-
-class Counts(Protocol):
-    @property
-    def num_prompt_tokens(self) -> int: ...
-
-    @property
-    def num_completion_tokens(self) -> int: ...
-
-    @property
-    def num_cached_tokens(self) -> int: ...
-
-
-def usage(acc: Counts) -> JSON:
-    prompt, completion = acc.num_prompt_tokens, acc.num_completion_tokens
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": acc.num_cached_tokens},
-    }
 
 
 def chat_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprob]) -> list[JSON]:

@@ -84,6 +84,16 @@ class TextOutput:
     def _mine(self, prompt: int) -> list[ChoiceState]:
         return self.choices[prompt * self._n : (prompt + 1) * self._n]
 
+    def usage(self) -> JSON:
+        """The OpenAI `usage` object."""
+        prompt, completion = self.num_prompt_tokens, self.num_completion_tokens
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": self.num_cached_tokens},
+        }
+
     def is_prompt_done(self, prompt: int) -> bool:
         mine = self._mine(prompt)
         return all(c.is_finished for c in mine) and any(c.is_cut_short for c in mine)

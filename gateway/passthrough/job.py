@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from engine.protocol import GenerateRequest, InvalidRequestError, parse_generate_request
 from gateway.errors import BadRequest
-from gateway.lifecycle.job import EngineTarget, Plan
-from gateway.lifecycle.planner import Planner, reserve_tokens
+from gateway.lifecycle.job import EngineTarget, Plan, Planner, reserve_tokens
 from gateway.passthrough.output import WireOutput
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.lifecycle.responder import KEEPALIVE, EventStreamResponse
+from gateway.lifecycle.service import KEEPALIVE, EventStreamResponse
 from gateway.settings import GatewaySettings
 
 
