@@ -51,6 +51,7 @@ async def build_state(settings: GatewaySettings) -> GatewayState:
     try:
         if settings.auto_migrate:
             await upgrade(runtime.engine)
+        await runtime.restore_budgets()  # before the first admission: a restart hands none back
         tokenizer = await asyncio.to_thread(Tokenizer.load, settings.model)
         engine = await build_engine_client(settings, runtime.priority.vllm_priority)
     except BaseException:

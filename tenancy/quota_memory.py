@@ -3,6 +3,10 @@
 Each subject keeps a sliding 60 s log of admitted requests with their tokens, a running token
 sum, a heap of concurrency leases by expiry and per-period budget counters. Every operation is
 synchronous under one lock, so an admission is atomic across all subjects.
+
+The counters live in memory; the daily and monthly budgets are restored at start from the usage
+ledger (`restore_budgets`, see `TenancyRuntime.restore_budgets`), so a restart never hands a
+tenant back tokens it spent. The 60 s windows and leases start empty.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import heapq
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tenancy.ids import RequestId
@@ -153,6 +157,16 @@ class InProcessQuotaStore:
                     ledger.num_tokens += delta
                 for period in ("d:" + admission.day, "m:" + admission.month):
                     ledger.budgets[period] = ledger.budgets.get(period, 0) + delta
+
+    def restore_budgets(self, spent: Iterable[tuple[str, int, int]]) -> None:
+        """Add (subject key, day tokens, month tokens) to the current periods' budget counters:
+        what the usage ledger says was spent before this store existed (a restart)."""
+        with self._lock:
+            day, month, _, _ = periods(self._clock())
+            for key, day_tokens, month_tokens in spent:
+                budgets = self._ledger(key).budgets
+                budgets["d:" + day] = budgets.get("d:" + day, 0) + day_tokens
+                budgets["m:" + month] = budgets.get("m:" + month, 0) + month_tokens
 
     async def usage(self, subject_key: str) -> QuotaUsage:
         with self._lock:

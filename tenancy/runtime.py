@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 
 import httpx
 import redis.asyncio as aioredis
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from tenancy.adapters.service import AdapterService
 from tenancy.adapters.validation import AdapterValidator, FormatChecksValidator
+from tenancy.crud.usage import spent_to_date
 from tenancy.db import make_engine, make_sessionmaker
 from tenancy.key_auth import KeyCache, KeyVerifier
 from tenancy.keys import KeyMinter
@@ -48,6 +50,32 @@ class TenancyRuntime:
     @property
     def tier_names(self) -> frozenset[str]:
         return frozenset(self.settings.tiers)
+
+    async def restore_budgets(self) -> int:
+        """An in-process quota store starts empty: charge it what the usage ledger holds for
+        this UTC day and month (per tenant, and per key). The Redis store keeps its own
+        counters, so this does nothing there. Returns the number of ledger groups read."""
+        if not isinstance(self.quotas, InProcessQuotaStore):
+            return 0
+        try:
+            async with self.sessionmaker() as session:
+                spent = await spent_to_date(session, now=self.now())
+        except (OperationalError, DBAPIError) as exc:
+            raise RuntimeError(
+                "the usage ledger could not be read to restore the quota budgets "
+                "(is the database migrated? `loragate admin migrate`)"
+            ) from exc
+        tenants: dict[str, tuple[int, int]] = {}
+        keys: list[tuple[str, int, int]] = []
+        for row in spent:
+            day, month = tenants.get(row.tenant_id, (0, 0))
+            tenants[row.tenant_id] = (day + row.day_tokens, month + row.month_tokens)
+            if row.api_key_id is not None:
+                keys.append((f"k:{row.api_key_id}", row.day_tokens, row.month_tokens))
+        self.quotas.restore_budgets(
+            [(f"t:{tenant}", day, month) for tenant, (day, month) in tenants.items()] + keys
+        )
+        return len(spent)
 
     async def close(self) -> None:
         await self.keys.stop()

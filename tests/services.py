@@ -118,3 +118,27 @@ def postgres_server_url() -> Iterator[str]:
             check=False, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def create_database(server_url: str) -> str:
+    """A fresh, empty database on the server at `server_url` (postgresql+asyncpg://); its URL."""
+    import asyncpg
+
+    name = f"lgtest_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(server_url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return f"{server_url.rpartition('/')[0]}/{name}"
+
+
+async def drop_database(server_url: str, url: str) -> None:
+    import asyncpg
+
+    name = url.rpartition("/")[2]
+    conn = await asyncpg.connect(server_url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()

@@ -6,7 +6,7 @@ import datetime as dt
 from dataclasses import asdict, dataclass
 from typing import cast
 
-from sqlalchemy import Table, func, insert, select
+from sqlalchemy import Table, case, func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -67,6 +67,48 @@ async def record_usage_batch(session: AsyncSession, *, records: list[UsageIn]) -
             written += await record_usage(session, record=record)
         return written
     return len(records)
+
+
+@dataclass(frozen=True)
+class Spent:
+    """Tokens charged to one (tenant, key) since the start of the UTC day and month."""
+
+    tenant_id: TenantId
+    api_key_id: ApiKeyId | None
+    day_tokens: int
+    month_tokens: int
+
+
+async def spent_to_date(session: AsyncSession, *, now: dt.datetime) -> list[Spent]:
+    """What the ledger charged this UTC month and day, per tenant and key: what a quota store
+    that lost its counters (an in-process one, restarted) must count again.
+
+    A record belongs to the period of its start (admission time), as the quota stores charge
+    it; its charge is prompt plus completion tokens, as settlement counts it.
+    """
+    u = UsageRecord
+    day_start = now.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    month_start = day_start.replace(day=1)
+    tokens = u.prompt_tokens + u.completion_tokens
+    query = (
+        select(
+            u.tenant_id,
+            u.api_key_id,
+            func.sum(tokens),
+            func.sum(case((u.started_at >= day_start, tokens), else_=0)),
+        )
+        .where(u.started_at >= month_start)
+        .group_by(u.tenant_id, u.api_key_id)
+    )
+    return [
+        Spent(
+            tenant_id=TenantId(tenant),
+            api_key_id=ApiKeyId(key) if key is not None else None,
+            day_tokens=int(day or 0),
+            month_tokens=int(month or 0),
+        )
+        for tenant, key, month, day in (await session.execute(query)).all()
+    ]
 
 
 async def usage_report(

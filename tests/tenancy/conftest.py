@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import secrets
 import sys
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from tenancy.settings import TenancySettings
 # --import-mode=importlib puts no test directory on sys.path; the helper module lives here.
 sys.path.insert(0, str(Path(__file__).parent))
 from log_capture import captured_log_lines
+from services import create_database, drop_database
 from tenancy_factories import SecretRegistry
 
 
@@ -43,22 +43,9 @@ async def aredis(redis_server_url: str) -> AsyncIterator[aioredis.Redis]:
 @pytest.fixture
 async def postgres_url(postgres_server_url: str) -> AsyncIterator[str]:
     """A fresh, empty database for this test, dropped afterwards."""
-    import asyncpg
-
-    name = f"lgtest_{uuid.uuid4().hex[:12]}"
-    base, _, _ = postgres_server_url.rpartition("/")
-    dsn = postgres_server_url.replace("postgresql+asyncpg://", "postgresql://")
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    yield f"{base}/{name}"
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+    url = await create_database(postgres_server_url)
+    yield url
+    await drop_database(postgres_server_url, url)
 
 
 @pytest.fixture
