@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import FrameType
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -121,14 +124,49 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
     return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
-def create_app(settings: GatewaySettings) -> FastAPI:
+@contextlib.contextmanager
+def drain_on_signals(state: GatewayState) -> Iterator[None]:
+    """SIGTERM/SIGINT start the lifecycle's drain, then go on to the server's own handler.
+
+    uvicorn, on SIGTERM, stops accepting, waits for the connections still busy and cancels
+    them at its own timeout; the app hears of the shutdown only after that. Chaining the
+    handler lets every stream in flight get the grace period and then an error event and
+    `[DONE]` (never a cut connection), with its settlement and usage record written. Installed
+    from the lifespan, so it runs in every worker process, after uvicorn's own handlers.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    grace_s = state.settings.shutdown_grace_s
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(sig: int, frame: FrameType | None) -> None:
+        loop.call_soon_threadsafe(state.lifecycle.begin_drain, grace_s)
+        then = previous[signal.Signals(sig)]
+        if callable(then):
+            then(sig, frame)
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, then in previous.items():
+            signal.signal(sig, then)
+
+
+def create_app(settings: GatewaySettings, *, handle_signals: bool = False) -> FastAPI:
+    """`handle_signals`: drain on SIGTERM (`loragate serve`; tests that embed the app leave it)."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = await build_state(settings)
         app.state.gateway = state
         app.state.tenancy = state.tenancy  # the admin routers' runtime
         try:
-            yield
+            with drain_on_signals(state) if handle_signals else contextlib.nullcontext():
+                yield
         finally:
             await close_state(state)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -10,7 +11,9 @@ from pydantic import ValidationError
 
 from gateway.settings import GatewaySettings
 
-GRACEFUL_SHUTDOWN_S = 30
+# uvicorn's own limit, past the gateway's drain (which ends every stream at the grace period):
+# only a stuck connection is ever cut by uvicorn.
+UVICORN_MARGIN_S = 5
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -41,7 +44,7 @@ def app_from_environment() -> Any:
     settings = load_settings()
     if settings is None:
         raise SystemExit(2)
-    return create_app(settings)
+    return create_app(settings, handle_signals=True)
 
 
 def run_server(settings: GatewaySettings, *, host: str, port: int, log_level: str) -> None:
@@ -50,11 +53,11 @@ def run_server(settings: GatewaySettings, *, host: str, port: int, log_level: st
     from gateway.app import create_app
 
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, handle_signals=True),
         host=host,
         port=port,
         log_level=log_level,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s) + UVICORN_MARGIN_S,
     )
 
 
@@ -75,7 +78,7 @@ def _serve(args: argparse.Namespace) -> int:
             port=args.port,
             workers=args.workers,
             log_level=args.log_level,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s) + UVICORN_MARGIN_S,
         )
         return 0
     run_server(settings, host=args.host, port=args.port, log_level=args.log_level)

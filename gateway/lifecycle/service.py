@@ -71,6 +71,7 @@ class RequestLifecycle:
         self.books = books
         self._runs: set[Run] = set()
         self.is_draining = False
+        self._drain_task: asyncio.Task[None] | None = None
 
     @property
     def num_in_flight(self) -> int:
@@ -107,10 +108,19 @@ class RequestLifecycle:
         run.start().add_done_callback(lambda _: self._runs.discard(run))
         return await respond(request, run, keepalive_s=self._settings.sse_keepalive_s)
 
+    def begin_drain(self, grace_s: float) -> asyncio.Task[None]:
+        """Start draining (once; later calls return the same task)."""
+        if self._drain_task is None:
+            self.is_draining = True
+            self._drain_task = asyncio.create_task(self._drain(grace_s), name="drain")
+        return self._drain_task
+
     async def drain(self, grace_s: float) -> None:
         """Refuse new requests; give the ones in flight `grace_s`, then stop them; return once
         every run has settled and recorded."""
-        self.is_draining = True
+        await asyncio.shield(self.begin_drain(grace_s))
+
+    async def _drain(self, grace_s: float) -> None:
         if not self._runs:
             return
         log.info("draining %d requests (grace %.1fs)", len(self._runs), grace_s)

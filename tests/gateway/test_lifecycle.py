@@ -63,3 +63,28 @@ async def test_shutdown_flushes_the_usage_ledger_and_output_options(
     finally:
         await engine.dispose()
     assert count == 4
+
+
+async def test_draining_refuses_new_requests_and_lets_those_in_flight_finish(
+    tiny_model_dir: Path, tmp_path: Path, secret_scan: SecretScan
+) -> None:
+    settings = gateway_settings(tiny_model_dir, tmp_path)
+    async with running_gateway(settings, secret_scan) as gw:
+        tenant = await gw.tenant()
+        body = gw.chat_body("Finish what you started.", max_tokens=40, ignore_eos=True)
+        in_flight = asyncio.create_task(
+            gw.client.post("/v1/chat/completions", headers=tenant.headers, json=body)
+        )
+        while gw.state.lifecycle.num_in_flight == 0:
+            await asyncio.sleep(0.005)
+        drained = gw.state.lifecycle.begin_drain(30.0)
+        refused = await gw.client.post("/v1/chat/completions", headers=tenant.headers, json=body)
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "shutting_down"
+        assert refused.headers["retry-after"] == "1"
+        done = await in_flight
+        assert done.status_code == 200
+        assert done.json()["choices"][0]["finish_reason"] == "length"
+        await drained  # returns once the run has settled and recorded
+        records = await gw.usage_records(tenant)
+        assert [r.finish_reason for r in records] == ["length"]
