@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +20,7 @@ from types import FrameType
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from gateway.admin import admin_router
 from gateway.engines.build import build_engine_client
@@ -36,6 +38,8 @@ from gateway.text.tokenizer import Tokenizer
 from tenancy.errors import TenancyError
 from tenancy.migrate import upgrade
 from tenancy.runtime import build_runtime
+
+log = logging.getLogger(__name__)
 
 # Not a standard status: what nginx logs for a client that closed the connection first.
 CLIENT_CLOSED_REQUEST = 499
@@ -121,6 +125,8 @@ async def _tenancy_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
+    # The common case, not an error: one INFO line, no traceback (its run keeps the books).
+    log.info("client left before its response (%s)", request.url.path)
     return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
@@ -180,6 +186,8 @@ def create_app(settings: GatewaySettings, *, handle_signals: bool = False) -> Fa
     install_error_handlers(app)
     app.add_exception_handler(TenancyError, _tenancy_error)
     app.add_exception_handler(ClientGone, _client_gone)
+    # Raised by Starlette when the client leaves while its body is being read (mid-upload).
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_middleware(RequestContextMiddleware)
     for module in (chat, completions, models, generate, health):
         app.include_router(module.router)
