@@ -14,6 +14,11 @@ from sqlalchemy.ext.asyncio import (
 
 
 def make_engine(database_url: str, **kwargs: Any) -> AsyncEngine:
+    if not database_url.startswith("sqlite"):
+        # A server that restarted leaves dead connections in the pool: a ping at checkout
+        # replaces them, so the first request after an outage succeeds. The hot path reaches
+        # the database only on cache misses and in ledger batches, so the ping costs little.
+        kwargs.setdefault("pool_pre_ping", True)
     engine = create_async_engine(database_url, **kwargs)
     if engine.dialect.name == "sqlite":
         # SQLite ignores ON DELETE CASCADE unless foreign keys are switched on per connection.

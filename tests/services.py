@@ -142,3 +142,67 @@ async def drop_database(server_url: str, url: str) -> None:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await conn.close()
+
+
+# ---- servers a test may stop and start again (availability tests) -------------------------------
+
+
+class KillableRedis:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="lg-gw-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_port(self.port)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+class KillablePostgres:
+    """A private PostgreSQL cluster on a free port: `stop()` takes it down at once (as a crash
+    would), `start()` brings the same data back."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.root = Path(tempfile.mkdtemp(prefix="lg-pg-kill-"))
+        self.data = self.root / "data"
+        if os.geteuid() == 0:
+            shutil.chown(self.root, user="postgres")
+        subprocess.run(
+            _as_postgres([str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
+                          "--auth=trust", "-E", "UTF8", "--no-sync"]),
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> None:
+        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        subprocess.run(
+            _as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-o", opts,
+                          "-l", str(self.root / "log"), "-w", "start"]),
+            check=True, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        subprocess.run(
+            _as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
+                          "-w", "stop"]),
+            check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)

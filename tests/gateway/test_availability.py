@@ -5,36 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from gateway_harness import SecretScan, gateway_settings, running_gateway
-from services import free_port, wait_port
-
-
-class KillableRedis:
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="lg-gw-redis-")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        wait_port(self.port)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+from services import KillableRedis
 
 
 @pytest.fixture
