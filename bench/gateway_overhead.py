@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -67,9 +68,18 @@ async def bootstrap(env: dict[str, str]) -> str:
 
 
 def start_gateway(
-    procs: Processes, name: str, model: Path, engine_url: str, redis_url: str
+    procs: Processes,
+    name: str,
+    model: Path,
+    engine_url: str,
+    redis_url: str,
+    migrations: threading.Lock,
+    source: Path | None = None,
 ) -> tuple[str, str]:
-    """A one-worker gateway in HTTP engine mode; returns (url, an inference key)."""
+    """A one-worker gateway in HTTP engine mode; returns (url, an inference key). `source`: run
+        the gateway code of that checkout instead of this one (PYTHONPATH comes before the editable
+        install), e.g. the commit before a change, for a same-run comparison. `migrations`: alembic
+    keeps its context in module globals, so two upgrades in one process must not overlap."""
     env = {
         **os.environ,
         "LORAGATE_MODEL": str(model),
@@ -84,12 +94,24 @@ def start_gateway(
         "LORAGATE_REDIS_URL": redis_url,
         "LORAGATE_REDIS_KEY_PREFIX": f"lgbench:{uuid.uuid4().hex[:8]}:",
     }
-    admin = asyncio.run(bootstrap(env))
+    with migrations:
+        admin = asyncio.run(bootstrap(env))
     port = free_port()
+    command = [str(BIN / "loragate")]
+    if source is not None:
+        # `python -m` puts the working directory first on sys.path: run from the checkout.
+        command = [sys.executable, "-m", "gateway.cli"]
+        where = subprocess.run(
+            [sys.executable, "-c", "import gateway; print(gateway.__file__)"],
+            cwd=source, env=env, capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        if not where.startswith(str(source)):
+            raise RuntimeError(f"the baseline would import {where}, not {source}")
     procs.start(
         name,
-        [str(BIN / "loragate"), "serve", "--port", str(port), "--log-level", "warning"],
+        [*command, "serve", "--port", str(port), "--log-level", "warning"],
         env=env,
+        cwd=source,
     )
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/ready")
@@ -211,6 +233,12 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds")
     parser.add_argument("--no-real-engine", action="store_true")
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="also measure a gateway running the code of this checkout (e.g. `git worktree add "
+        "DIR <commit>`), on the stand-in, interleaved with this code's",
+    )
     parser.add_argument("--standin", type=int, help=argparse.SUPPRESS)  # the fixture process
     args = parser.parse_args()
     if args.standin:
@@ -257,24 +285,32 @@ def main() -> int:
         wait_http(standin + "/health")
         # Everything starts at once (start-up is most of a quick run); nothing is measured
         # until all of it is up and idle.
+        migrations = threading.Lock()
         with ThreadPoolExecutor(max_workers=2) as pool:
-            first = pool.submit(start_gateway, procs, "gw-standin", args.model, standin, redis_url)
+            first = pool.submit(
+                start_gateway, procs, "gw-standin", args.model, standin, redis_url, migrations
+            )
+            if args.baseline_src:
+                base = pool.submit(
+                    start_gateway, procs, "gw-baseline", args.model, standin, redis_url,
+                    migrations, args.baseline_src.resolve(),
+                )  # fmt: skip
             if real:
                 wait_http(engine + "/health")
                 second = pool.submit(
-                    start_gateway, procs, "gw-engine", args.model, engine, redis_url
+                    start_gateway, procs, "gw-engine", args.model, engine, redis_url, migrations
                 )
             gateway, key = first.result()
+            standin_targets: dict[str, Target] = {
+                "stand-in direct": (standin, None, False),
+                "stand-in via gateway": (gateway, key, False),
+            }
+            if args.baseline_src:
+                standin_targets["stand-in via baseline gateway"] = (*base.result(), False)
             if real:
                 gateway2, key2 = second.result()
         print(f"started in {time.monotonic() - started:.1f}s", file=sys.stderr)
-        results.update(
-            measure(
-                {"stand-in direct": (standin, None, False),
-                 "stand-in via gateway": (gateway, key, False)},
-                args, workdir,
-            )
-        )  # fmt: skip
+        results.update(measure(standin_targets, args, workdir))
         if real:
             targets: dict[str, Target] = {
                 "tiny engine direct, streamed": (engine, None, True),
@@ -313,6 +349,20 @@ def summarize(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> d
             "request": "POST /inference/v1/generate, 32 prompt tokens, 8 new tokens",
         },
     }
+    if "stand-in via baseline gateway" in results:
+        base = results["stand-in via baseline gateway"]
+        base_added = base["p50_ms"] - direct["p50_ms"]
+        report["baseline"] = {
+            "source": str(args.baseline_src),
+            "added_ms": {
+                "p50": round(base_added, 3),
+                "p99": round(base["p99_ms"] - direct["p99_ms"], 3),
+            },
+            "rps_per_worker": round(base["rps"], 1),
+            # > 1: this code adds more than the baseline / serves fewer requests per second.
+            "ratio_added_p50": round(report["added_ms"]["p50"] / base_added, 3),
+            "ratio_rps": round(via["rps"] / base["rps"], 3),
+        }
     if "tiny engine via gateway" in results:
         via = results["tiny engine via gateway"]
 
@@ -332,16 +382,23 @@ def summarize(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> d
 
 
 def print_table(results: dict[str, dict[str, Any]], report: dict[str, Any]) -> None:
-    print(f"\n{'run':<30}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}{'errors':>8}")
+    print(f"\n{'run':<34}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}{'errors':>8}")
     for name, r in results.items():
         print(
-            f"{name:<30}{r['p50_ms']:>10.3f}{r['p99_ms']:>10.3f}{r['rps']:>10.1f}{r['errors']:>8}"
+            f"{name:<34}{r['p50_ms']:>10.3f}{r['p99_ms']:>10.3f}{r['rps']:>10.1f}{r['errors']:>8}"
         )
     added = report["added_ms"]
     print(
         f"\ngateway added (stand-in engine, a benchmark fixture): p50 {added['p50']:.3f} ms, "
         f"p99 {added['p99']:.3f} ms; {report['rps_per_worker']:.0f} req/s per gateway worker"
     )
+    if "baseline" in report:
+        b = report["baseline"]
+        print(
+            f"baseline gateway ({b['source']}): p50 {b['added_ms']['p50']:.3f} ms added, "
+            f"{b['rps_per_worker']:.0f} req/s; this code / baseline: added p50 x"
+            f"{b['ratio_added_p50']:.3f}, req/s x{b['ratio_rps']:.3f}"
+        )
     if "tiny_engine" in report:
         t = report["tiny_engine"]
         print(

@@ -34,9 +34,13 @@ class Processes:
         self.workdir = workdir
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+    def start(
+        self, name: str, args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
         with open(self.workdir / f"{name}.log", "wb") as log:
-            self.procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env))
+            self.procs.append(
+                subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+            )
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

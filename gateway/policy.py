@@ -25,6 +25,7 @@ from tenancy.models import Adapter
 from tenancy.quotas import QuotaSubject
 from tenancy.runtime import TenancyRuntime
 from tenancy.scopes import Scope
+from tenancy.single_flight import SingleFlight
 
 # An unknown model name reloads the tenant's adapter list if the cached one is older than this.
 MISS_RELOAD_S = 0.25
@@ -40,6 +41,7 @@ class TtlCache(Generic[K, V]):
         self._ttl_s = ttl_s
         self._max_entries = max_entries
         self._entries: dict[K, tuple[float, V]] = {}
+        self._loads: SingleFlight[K, V] = SingleFlight()
 
     async def get(
         self, key: K, load: Callable[[], Awaitable[V]], *, max_age_s: float | None = None
@@ -50,6 +52,9 @@ class TtlCache(Generic[K, V]):
         ttl = self._ttl_s if max_age_s is None else min(self._ttl_s, max_age_s)
         if entry is not None and now - entry[0] < ttl:
             return entry[1]
+        return await self._loads.run(key, lambda: self._load(key, load, now))
+
+    async def _load(self, key: K, load: Callable[[], Awaitable[V]], now: float) -> V:
         value = await load()
         if len(self._entries) >= self._max_entries:
             self._entries.clear()  # bounded memory; the next requests reload

@@ -24,6 +24,7 @@ from tenancy.errors import DatabaseUnavailable, InvalidApiKey
 from tenancy.ids import ApiKeyId, TenantId
 from tenancy.keys import KeyMinter, digests_equal
 from tenancy.scopes import Scope
+from tenancy.single_flight import SingleFlight
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class KeyVerifier:
         self._minter = minter
         self._sessionmaker = sessionmaker
         self._cache = cache
+        self._loads: SingleFlight[str, VerifiedKey] = SingleFlight()
         self._redis = redis
         self._channel = channel
         self._now = now
@@ -108,10 +110,14 @@ class KeyVerifier:
         key_hash = self._minter.hash(raw)
         record = self._cache.get(key_hash)
         if record is None:
-            record = await self._load(key_hash)
-            self._cache.put(key_hash, record)
+            record = await self._loads.run(key_hash, lambda: self._load_and_cache(key_hash))
         if not record.is_usable(self._now()):
             raise InvalidApiKey()
+        return record
+
+    async def _load_and_cache(self, key_hash: str) -> VerifiedKey:
+        record = await self._load(key_hash)
+        self._cache.put(key_hash, record)
         return record
 
     async def _load(self, key_hash: str) -> VerifiedKey:

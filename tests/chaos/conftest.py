@@ -15,11 +15,10 @@ import pytest_asyncio
 
 # --import-mode=importlib puts no test directory on sys.path; the helper modules live here and
 # beside the e2e and gateway tests.
-HERE = Path(__file__).parent
-for folder in (HERE, HERE.parent / "e2e", HERE.parent / "gateway"):
-    sys.path.insert(0, str(folder))
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "e2e"))
+sys.path.insert(0, str(Path(__file__).parent.parent / "gateway"))
 from services import create_database, drop_database
-
 
 
 @pytest_asyncio.fixture

@@ -217,7 +217,9 @@ def deploy(
     """Migrate and bootstrap once, then start `num_gateways` gateways sharing everything."""
     if engines:
         extra_env.setdefault("LORAGATE_ENGINE_MODE", "http")
-        extra_env.setdefault("LORAGATE_ENGINE_URLS", "[" + ",".join(f'"{e.url}"' for e in engines) + "]")
+        extra_env.setdefault(
+            "LORAGATE_ENGINE_URLS", "[" + ",".join(f'"{e.url}"' for e in engines) + "]"
+        )
     env = deployment_env(
         model_dir, workdir, database_url=database_url, redis_url=redis_url, **extra_env
     )
