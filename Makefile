@@ -8,7 +8,7 @@ TORCH := torch==2.13.0
 MODEL_DIR ?= .cache/models
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-slow lint format bench bench-quick engine clean
+.PHONY: install run test test-slow test-chaos lint format bench bench-quick engine clean
 
 # Install order matters: the CPU torch first, then everything else with torch pinned, or pip
 # resolves a CUDA build and gigabytes of CUDA packages.
@@ -53,6 +53,11 @@ test: lint
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+# Real deployments (gateway processes, engines, Redis, PostgreSQL) and impolite clients: clients
+# that leave at random points, dependencies that crash, SIGTERM mid-stream. A few minutes.
+test-chaos: $(STAMP)
+	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 
 bench: $(STAMP) $(MODEL_DIR)/small/config.json
 	mkdir -p bench/out
