@@ -252,7 +252,9 @@ class HttpEngineClient:
             replica.healthy = False
 
     def mark_failed(self, replica: Replica) -> None:
-        replica.healthy = False  # the poller brings it back when /health answers again
+        if replica.healthy:  # by name, never the URL; the poller brings it back on /health
+            log.warning("engine replica %s failed; marked unhealthy", replica.name)
+        replica.healthy = False
 
     def abort_later(self, replica: Replica, request_id: str) -> None:
         task = asyncio.create_task(self._abort(replica, request_id))
