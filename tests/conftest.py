@@ -45,4 +45,11 @@ def tiny_model_dir(model_factory: ModelFactory) -> Path:
 import sys as _sys  # noqa: E402
 
 _sys.path.insert(0, str(Path(__file__).parent))
-from services import postgres_server_url, redis_prefix, redis_server_url  # noqa: E402, F401
+from services import (  # noqa: E402, F401
+    killable_postgres,
+    killable_redis,
+    postgres_server_url,
+    postgres_url,
+    redis_prefix,
+    redis_server_url,
+)

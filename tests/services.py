@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -69,7 +69,11 @@ def redis_prefix(redis_server_url: str) -> Iterator[str]:
     """A key prefix private to this test; its keys (and only those) are deleted afterwards."""
     prefix = f"lgtest:{uuid.uuid4().hex[:12]}:"
     yield prefix
-    client = redis.Redis.from_url(redis_server_url)
+    delete_redis_keys(redis_server_url, prefix)
+
+
+def delete_redis_keys(url: str, prefix: str) -> None:
+    client = redis.Redis.from_url(url)
     try:
         batch = list(client.scan_iter(match=f"{prefix}*", count=1000))
         for i in range(0, len(batch), 500):
@@ -206,3 +210,35 @@ class KillablePostgres:
     def remove(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+# ---- fixtures over the helpers above (registered by tests/conftest.py) ---------------------------
+
+
+@pytest.fixture
+async def postgres_url(postgres_server_url: str) -> AsyncIterator[str]:
+    """A fresh, empty database for this test, dropped afterwards."""
+    url = await create_database(postgres_server_url)
+    yield url
+    await drop_database(postgres_server_url, url)
+
+
+@pytest.fixture
+def killable_redis() -> Iterator[KillableRedis]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not on PATH: this test must kill its own Redis")
+    server = KillableRedis()
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def killable_postgres() -> Iterator[KillablePostgres]:
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip(f"no PostgreSQL binaries under {PG_BIN}: this test must kill its own server")
+    server = KillablePostgres()
+    server.start()
+    yield server
+    server.remove()

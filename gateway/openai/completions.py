@@ -11,28 +11,16 @@ from engine.protocol import SSE_DONE, sse_json
 from gateway.errors import BadRequest
 from gateway.lifecycle.job import EngineTarget, Plan, Planner, reserve_tokens
 from gateway.openai.render import JSON, LegacyLogprobs
-from gateway.openai.schemas import CompletionRequest, text_sampling
+from gateway.openai.schemas import BodyJob, CompletionRequest, text_sampling
 from gateway.openai.text_output import TextOutput
 from gateway.text.choices import ChoiceDelta
 from gateway.text.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
-class CompletionJob:
+class CompletionJob(BodyJob):
     body: CompletionRequest
     id_prefix: str = "cmpl"
-
-    @property
-    def model(self) -> str:
-        return self.body.model
-
-    @property
-    def priority_hint(self) -> int | None:
-        return self.body.priority
-
-    @property
-    def stream(self) -> bool:
-        return self.body.stream
 
     def plan(self, planner: Planner, target: EngineTarget) -> Plan:
         body = self.body

@@ -197,6 +197,25 @@ def _bad_request(exc: ValidationError) -> BadRequest:
     return BadRequest(f"Invalid value for {param}: {error['msg']}.", param=param or None)
 
 
+@dataclass(frozen=True)
+class BodyJob:
+    """The `Job` fields every OpenAI body gives the same way (chat and completions extend it)."""
+
+    body: SamplingFields
+
+    @property
+    def model(self) -> str:
+        return self.body.model
+
+    @property
+    def priority_hint(self) -> int | None:
+        return self.body.priority
+
+    @property
+    def stream(self) -> bool:
+        return self.body.stream
+
+
 # ---- sampling fields -> engine sampling params ------------------------------------------------
 
 

@@ -10,6 +10,7 @@ engine's `/metrics`, and each process's log for tracebacks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
@@ -21,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 from engine_processes import EngineProcess
 from gateway_process import BIN, GatewayProcess, TenantInfo, bootstrap_admin, free_port
+from services import delete_redis_keys
 from sqlalchemy import select
 
 from tenancy.db import make_engine, make_sessionmaker
@@ -131,10 +134,13 @@ class Deployment:
         return time.monotonic() - started
 
     def stop(self) -> None:
+        """Stop every process and delete this deployment's Redis keys."""
         for gateway in self.gateways:
             gateway.stop()
         for engine in self.engines:
             engine.kill()
+        with contextlib.suppress(redis.RedisError):  # a test may have killed its Redis
+            delete_redis_keys(self.env["LORAGATE_REDIS_URL"], self.env["LORAGATE_REDIS_KEY_PREFIX"])
 
     def noisy_logs(self) -> list[str]:
         """Lines of any gateway log that hold a traceback or an unretrieved future."""

@@ -22,14 +22,12 @@ import re
 import socket
 import struct
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
-from deployment import Deployment, deploy
-from engine_processes import EngineProcess, start_engines
+from deployment import Deployment
 
 pytestmark = pytest.mark.asyncio
 
@@ -70,35 +68,8 @@ class Attempt:
 
 
 @pytest.fixture
-def engines(tiny_model_dir: Path, workdir: Path) -> Iterator[list[EngineProcess]]:
-    procs = start_engines(tiny_model_dir, workdir, 2, "--max-num-seqs", "64")
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            proc.kill()
-
-
-@pytest.fixture
-def dep(
-    tiny_model_dir: Path,
-    workdir: Path,
-    database_url: str,
-    redis_server_url: str,
-    engines: list[EngineProcess],
-) -> Iterator[Deployment]:
-    deployment = deploy(
-        tiny_model_dir,
-        workdir,
-        database_url=database_url,
-        redis_url=redis_server_url,
-        num_gateways=NUM_GATEWAYS,
-        engines=engines,
-    )
-    try:
-        yield deployment
-    finally:
-        deployment.stop()
+def dep(over_two_engines: Callable[[int], Deployment]) -> Deployment:
+    return over_two_engines(NUM_GATEWAYS)
 
 
 def _body(attempt: Attempt) -> dict:

@@ -14,14 +14,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import pytest
-from deployment import Deployment, deploy
-from engine_processes import EngineProcess, start_engines
+from deployment import Deployment
+from engine_processes import EngineProcess
 
 pytestmark = pytest.mark.asyncio
 
@@ -56,35 +55,8 @@ class Stream:
 
 
 @pytest.fixture
-def engines(tiny_model_dir: Path, workdir: Path) -> Iterator[list[EngineProcess]]:
-    procs = start_engines(tiny_model_dir, workdir, 2)
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            proc.kill()
-
-
-@pytest.fixture
-def dep(
-    tiny_model_dir: Path,
-    workdir: Path,
-    database_url: str,
-    redis_server_url: str,
-    engines: list[EngineProcess],
-) -> Iterator[Deployment]:
-    deployment = deploy(
-        tiny_model_dir,
-        workdir,
-        database_url=database_url,
-        redis_url=redis_server_url,
-        num_gateways=1,
-        engines=engines,
-    )
-    try:
-        yield deployment
-    finally:
-        deployment.stop()
+def dep(over_two_engines: Callable[[int], Deployment]) -> Deployment:
+    return over_two_engines(1)
 
 
 def _body(content: str, **fields: object) -> dict:
@@ -120,7 +92,7 @@ async def _read(client: httpx.AsyncClient, key: str, s: Stream) -> None:
     s.started.set()  # ended early (asserted below): the test must not hang on it
 
 
-async def test_engine_killed_mid_stream(dep: Deployment, engines: list[EngineProcess]) -> None:
+async def test_engine_killed_mid_stream(dep: Deployment, two_engines: list[EngineProcess]) -> None:
     tenant = dep.tenant(
         max_concurrent=100,
         requests_per_minute=10_000,
@@ -136,9 +108,9 @@ async def test_engine_killed_mid_stream(dep: Deployment, engines: list[EnginePro
             (s.status, s.lines[-3:]) for s in streams
         ]
         # Both engines serve some of the streams (the gateway routes by least outstanding).
-        running = [await asyncio.to_thread(e.metric, RUNNING) for e in engines]
+        running = [await asyncio.to_thread(e.metric, RUNNING) for e in two_engines]
         assert sum(running) == NUM_STREAMS and min(running) >= 1, running
-        victim, survivor = engines[0], engines[1]
+        victim, survivor = two_engines[0], two_engines[1]
         on_victim = int(running[0])
         victim.kill()
         await asyncio.wait_for(asyncio.gather(*readers), 300)

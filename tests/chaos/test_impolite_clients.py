@@ -31,7 +31,6 @@ import httpx
 import openai
 import pytest
 import pytest_asyncio
-import redis
 from clients import (
     RawOutcome,
     Seen,
@@ -89,19 +88,8 @@ async def live(
             yield Live(gw=gw, tenants=[])
         finally:
             gw.stop()
-            _delete_redis_keys(redis_server_url, gw.env["LORAGATE_REDIS_KEY_PREFIX"])
     finally:
         await drop_database(postgres_server_url, database_url)
-
-
-def _delete_redis_keys(redis_url: str, prefix: str) -> None:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        for i in range(0, len(keys), 500):
-            client.delete(*keys[i : i + 500])
-    finally:
-        client.close()
 
 
 # ---- phases -------------------------------------------------------------------------------------

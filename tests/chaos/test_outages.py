@@ -9,39 +9,16 @@ for Redis), not a polite stop.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import pytest
 from deployment import Deployment, deploy
 from gateway_process import TenantInfo
-from services import PG_BIN, KillablePostgres, KillableRedis, create_database
+from services import KillablePostgres, KillableRedis, create_database
 
 RECOVERY_S = 1.0
-
-
-@pytest.fixture
-def redis_server() -> Iterator[KillableRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not on PATH: this test must kill its own Redis")
-    server = KillableRedis()
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(server.dir, ignore_errors=True)
-
-
-@pytest.fixture
-def postgres_server() -> Iterator[KillablePostgres]:
-    if not (PG_BIN / "initdb").exists():
-        pytest.skip(f"no PostgreSQL binaries under {PG_BIN}: this test must kill its own server")
-    server = KillablePostgres()
-    server.start()
-    yield server
-    server.remove()
 
 
 class Client:
@@ -85,15 +62,15 @@ def _ok(r: httpx.Response) -> bool:
 async def test_each_outage_has_its_code_and_the_service_recovers_without_losing_rows(
     tiny_model_dir: Path,
     workdir: Path,
-    redis_server: KillableRedis,
-    postgres_server: KillablePostgres,
+    killable_redis: KillableRedis,
+    killable_postgres: KillablePostgres,
 ) -> None:
-    database_url = await create_database(postgres_server.url)
+    database_url = await create_database(killable_postgres.url)
     dep = deploy(
         tiny_model_dir,
         workdir,
         database_url=database_url,
-        redis_url=f"redis://127.0.0.1:{redis_server.port}/0",
+        redis_url=f"redis://127.0.0.1:{killable_redis.port}/0",
         LORAGATE_ENGINE_MAX_QUEUE_LEN="3",
     )
     try:
@@ -104,20 +81,20 @@ async def test_each_outage_has_its_code_and_the_service_recovers_without_losing_
             assert (await asker.ask(client)).status_code == 200
 
             # Redis (the quota store) crashes: fail closed, never admitted, never 401.
-            redis_server.stop()
+            killable_redis.stop()
             r = await asker.until(client, _refused_with("quota_store_unavailable"), 10)
             assert r.headers["retry-after"]
-            redis_server.start()
+            killable_redis.start()
             back = time.monotonic()
             await asker.until(client, _ok, 10)
             recovery["redis"] = time.monotonic() - back
 
             # PostgreSQL crashes: requests whose key and policy are cached go on (their rows
             # wait in memory); once the caches expire, 503 database_unavailable.
-            postgres_server.stop()
+            killable_postgres.stop()
             r = await asker.until(client, _refused_with("database_unavailable"), 30)
             assert r.headers["retry-after"]
-            postgres_server.start()
+            killable_postgres.start()
             back = time.monotonic()
             await asker.until(client, _ok, 10)
             recovery["postgres"] = time.monotonic() - back

@@ -28,12 +28,12 @@ async def _stream(client: httpx.AsyncClient, url: str, key: str, max_tokens: int
 
 
 async def test_sigterm_ends_long_streams_cleanly_and_keeps_the_books(
-    tiny_model_dir: Path, workdir: Path, database_url: str, redis_server_url: str
+    tiny_model_dir: Path, workdir: Path, postgres_url: str, redis_server_url: str
 ) -> None:
     dep = deploy(
         tiny_model_dir,
         workdir,
-        database_url=database_url,
+        database_url=postgres_url,
         redis_url=redis_server_url,
         LORAGATE_SHUTDOWN_GRACE_S=str(GRACE_S),
     )
@@ -54,6 +54,8 @@ async def test_sigterm_ends_long_streams_cleanly_and_keeps_the_books(
             took_s = await asyncio.to_thread(dep.terminate, dep.gateway)
             long_lines = await asyncio.gather(*longs)
             short_lines = await short
+        rows = await dep.rows(tenant.tenant_id)  # the process has exited: what it left behind
+        quota = await dep.quota(tenant.tenant_id)
     finally:
         dep.stop()
     assert took_s <= GRACE_S + 5, f"exited after {took_s:.1f}s"
@@ -70,10 +72,8 @@ async def test_sigterm_ends_long_streams_cleanly_and_keeps_the_books(
     assert short_lines[-1] == "data: [DONE]"
     assert json.loads(short_lines[-2][6:])["usage"]["completion_tokens"] == 8
     # Rows and settlements were written before the exit.
-    rows = await dep.rows(tenant.tenant_id)
     assert len(rows) == NUM_LONG + 1
     assert sorted(r.finish_reason for r in rows) == ["abort"] * NUM_LONG + ["length"]
     assert all(0 < r.completion_tokens < 1900 for r in rows if r.finish_reason == "abort")
-    quota = await dep.quota(tenant.tenant_id)
     assert quota.num_leases == 0
     assert quota.day_tokens == sum(r.prompt_tokens + r.completion_tokens for r in rows)

@@ -4,9 +4,7 @@ fails closed with 503 (never 401, never admitted) and recovers by itself when Re
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,24 +12,13 @@ from gateway_harness import SecretScan, gateway_settings, running_gateway
 from services import KillableRedis
 
 
-@pytest.fixture
-def redis_server() -> Iterator[KillableRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server binary not on PATH; this test must kill its own server")
-    server = KillableRedis()
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(server.dir, ignore_errors=True)
-
-
 @pytest.mark.redis
 async def test_redis_down_is_503_and_recovery_is_automatic(
-    tiny_model_dir: Path, tmp_path: Path, redis_server: KillableRedis, secret_scan: SecretScan
+    tiny_model_dir: Path, tmp_path: Path, killable_redis: KillableRedis, secret_scan: SecretScan
 ) -> None:
     settings = gateway_settings(
         tiny_model_dir, tmp_path, quota_store="redis",
-        redis_url=f"redis://127.0.0.1:{redis_server.port}/0",
+        redis_url=f"redis://127.0.0.1:{killable_redis.port}/0",
     )  # fmt: skip
     async with running_gateway(settings, secret_scan) as gw:
         tenant = await gw.tenant(requests_per_minute=1000)
@@ -45,10 +32,10 @@ async def test_redis_down_is_503_and_recovery_is_automatic(
             return r.status_code
 
         assert await ask() == 200
-        redis_server.stop()
+        killable_redis.stop()
         assert await ask() == 503
         assert await ask() == 503  # never a 401, never admitted without the store
-        redis_server.start()
+        killable_redis.start()
         deadline = time.monotonic() + 15
         while (status := await ask()) != 200:
             assert status == 503 and time.monotonic() < deadline

@@ -24,7 +24,6 @@ from tenancy.settings import TenancySettings
 # --import-mode=importlib puts no test directory on sys.path; the helper module lives here.
 sys.path.insert(0, str(Path(__file__).parent))
 from log_capture import captured_log_lines
-from services import create_database, drop_database
 from tenancy_factories import SecretRegistry
 
 
@@ -38,14 +37,6 @@ async def aredis(redis_server_url: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(redis_server_url)
     yield client
     await client.aclose()
-
-
-@pytest.fixture
-async def postgres_url(postgres_server_url: str) -> AsyncIterator[str]:
-    """A fresh, empty database for this test, dropped afterwards."""
-    url = await create_database(postgres_server_url)
-    yield url
-    await drop_database(postgres_server_url, url)
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import socket
-import time
 import uuid
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -57,19 +55,3 @@ class SecretRegistry:
     def add(self, value: str) -> str:
         self.values.add(value)
         return value
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"server on port {port} did not start")

@@ -3,16 +3,13 @@ store on PostgreSQL never holds a clear key."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
+from services import KillableRedis
 from sqlalchemy import text
-from tenancy_factories import SecretRegistry, free_port, make_key, make_tenant, wait_port
+from tenancy_factories import SecretRegistry, make_key, make_tenant
 
 from tenancy.db import make_engine, make_sessionmaker
 from tenancy.errors import ServiceUnavailable
@@ -22,38 +19,6 @@ from tenancy.migrate import upgrade
 from tenancy.quota_redis import RedisQuotaStore
 from tenancy.quotas import QuotaLimits, QuotaSubject
 from tenancy.redis_client import make_redis
-
-
-class KillableRedis:
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="lg-redis-kill-")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        wait_port(self.port)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-
-@pytest.fixture
-def killable_redis() -> Iterator[KillableRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server binary not on PATH; this test must kill its own server")
-    server = KillableRedis()
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(server.dir, ignore_errors=True)
 
 
 @pytest.mark.redis
