@@ -116,7 +116,7 @@ async def measure(model: Path, workdir: Path) -> dict[str, Any]:
         salt_secret=secrets.token_urlsafe(32),
         adapter_store_dir=workdir / "adapters",
         auto_migrate=True,
-        engine_num_kv_blocks=256,
+        engine={"num_kv_blocks": 256},
     )
     app = create_app(settings)
     results: dict[str, Any] = {}

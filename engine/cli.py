@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from engine.config import EngineConfig, LoraModule
+from engine.settings import EngineSettings
 
 
 def parse_lora_modules(values: list[str]) -> tuple[LoraModule, ...]:
@@ -60,44 +65,7 @@ def add_subcommands(subparsers: Any) -> None:
     serve.add_argument("--served-model-name", default=None)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8100)
-    serve.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
-    )
-    serve.add_argument("--device", default="cpu")
-    serve.add_argument("--block-size", type=int, default=16)
-    serve.add_argument(
-        "--decode-attention",
-        default="auto",
-        choices=["auto", "matmul", "sdpa"],
-        help="decode attention backend; auto times both at start-up (CPU)",
-    )
-    serve.add_argument("--num-kv-blocks", type=int, default=None)
-    serve.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
-    serve.add_argument("--max-num-seqs", type=int, default=64)
-    serve.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    serve.add_argument("--max-model-len", type=int, default=None)
-    serve.add_argument("--scheduling-policy", choices=["priority", "fcfs"], default="priority")
-    serve.add_argument("--aging-steps", type=int, default=64)
-    serve.add_argument("--no-prefix-caching", action="store_true")
-    serve.add_argument("--max-queue-len", type=int, default=4096)
-    serve.add_argument("--seed", type=int, default=0)
-    serve.add_argument(
-        "--lora-modules",
-        nargs="+",
-        default=[],
-        metavar="MODULE",
-        help='adapters to serve from the start: name=path, a JSON object {"name", "path", '
-        '"base_model_name"} or a JSON list of them',
-    )
-    serve.add_argument("--disable-lora", action="store_true", help="no LoRA wrappers or slots")
-    serve.add_argument("--max-loras", type=int, default=4, help="adapter slots on the device")
-    serve.add_argument(
-        "--max-cpu-loras",
-        type=int,
-        default=None,
-        help="adapters cached in CPU memory (>= max-loras)",
-    )
-    serve.add_argument("--max-lora-rank", type=int, default=16)
+    add_engine_flags(serve)
     serve.add_argument(
         "--admin-token-env",
         default="LORAGATE_ENGINE_ADMIN_TOKEN",
@@ -137,26 +105,56 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
     """Raises ValueError naming the bad flag (max-cpu-loras below max-loras, ...)."""
-    return EngineConfig(
-        model=args.model,
-        served_model_name=args.served_model_name,
-        dtype=args.dtype,
-        device=args.device,
-        seed=args.seed,
-        block_size=args.block_size,
-        decode_attention=args.decode_attention,
-        num_kv_blocks=args.num_kv_blocks,
-        kv_cache_memory_bytes=int(args.kv_cache_memory_gb * (1 << 30)),
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        policy=args.scheduling_policy,
-        aging_steps=args.aging_steps,
-        enable_prefix_caching=not args.no_prefix_caching,
-        max_queue_len=args.max_queue_len,
-        enable_lora=not args.disable_lora,
-        max_loras=args.max_loras,
-        max_cpu_loras=args.max_cpu_loras,
-        max_lora_rank=args.max_lora_rank,
-        lora_modules=parse_lora_modules(args.lora_modules),
-    )
+    values = {name: getattr(args, name) for name in EngineSettings.model_fields}
+    values["lora_modules"] = [
+        {"name": m.name, "path": m.path, "base_model_name": m.base_model_name}
+        for m in parse_lora_modules(args.lora_modules)
+    ]
+    try:
+        settings = EngineSettings(**values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        if not first["loc"]:  # a rule across options: EngineConfig's message names them
+            raise ValueError(first["msg"].removeprefix("Value error, ")) from None
+        flag = "--" + str(first["loc"][0]).replace("_", "-")
+        raise ValueError(f"{flag}: {first['msg']}") from None
+    return settings.to_engine_config(model=args.model, served_model_name=args.served_model_name)
+
+
+# Earlier spellings of two boolean flags, kept so existing scripts keep working.
+_ALIASES = {"enable_prefix_caching": "--no-prefix-caching", "enable_lora": "--disable-lora"}
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per `EngineSettings` field: the gateway's embedded engine and this CLI take the
+    same options by construction (a test compares the two sets)."""
+    for name, field in EngineSettings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        kind = _kind(field.annotation)
+        if name == "lora_modules":
+            parser.add_argument(
+                flag, nargs="+", default=[], metavar="MODULE",
+                help='adapters to serve from the start: name=path, a JSON object {"name", '
+                '"path", "base_model_name"} or a JSON list of them',
+            )  # fmt: skip
+        elif kind is bool:
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=field.default,
+                help=field.description,
+            )  # fmt: skip
+            parser.add_argument(
+                _ALIASES[name], dest=name, action="store_false", help=f"same as --no-{flag[2:]}"
+            )
+        elif isinstance(kind, tuple):  # a Literal: its values are the choices
+            parser.add_argument(flag, choices=kind, default=field.default, help=field.description)
+        else:
+            parser.add_argument(flag, type=kind, default=field.default, help=field.description)
+
+
+def _kind(annotation: Any) -> Any:
+    """bool, int, float or str (of `X | None` too), or the tuple of a Literal's values."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) is typing.Literal:
+        return typing.get_args(annotation)
+    return annotation

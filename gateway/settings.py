@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from engine.settings import EngineSettings
 from tenancy.settings import BaseModelSpec, TenancySettings
 
 EngineMode = Literal["inprocess", "http"]
@@ -36,22 +37,14 @@ class GatewaySettings(TenancySettings):
     # How often replica health and adapter residency (/v1/models tiers) are refreshed.
     engine_poll_interval_s: float = Field(default=2.0, gt=0)
     engine_max_connections: int = Field(default=256, ge=1)
-    # In-process engine options (EngineConfig).
-    engine_device: str = "cpu"
-    engine_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    engine_kv_cache_memory_gb: float = Field(default=1.0, gt=0)
-    engine_num_kv_blocks: int | None = Field(default=None, ge=1)
-    engine_max_num_seqs: int = Field(default=64, ge=1)
-    engine_max_num_batched_tokens: int = Field(default=2048, ge=1)
-    engine_max_model_len: int | None = Field(default=None, ge=2)
-    engine_max_queue_len: int = Field(default=4096, ge=1)
+    # The in-process engine's options: the same as `loragate engine`'s flags (engine/settings.py),
+    # as LORAGATE_ENGINE__MAX_LORAS, ... In HTTP mode only `max_model_len` is read (a cap on
+    # the context the gateway plans for).
+    engine: EngineSettings = Field(default_factory=EngineSettings)
     engine_drain_timeout_s: float = Field(default=30.0, ge=0)
     # How long an engine has to end a request it was asked to abort (the client left, a stop
     # string, shutdown) before the gateway stops listening; the ledger counts what arrived.
     engine_abort_timeout_s: float = Field(default=5.0, gt=0)
-    engine_max_loras: int = Field(default=4, ge=1)
-    engine_max_cpu_loras: int | None = Field(default=None, ge=1)
-    engine_max_lora_rank: int = Field(default=16, ge=1)
 
     # ---- requests ----------------------------------------------------------------------------
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
@@ -102,7 +95,7 @@ class GatewaySettings(TenancySettings):
         if "adapter_limits" not in self.model_fields_set:
             # Uploads the engine would refuse are refused at upload time.
             self.adapter_limits.max_rank = min(
-                self.adapter_limits.max_rank, self.engine_max_lora_rank
+                self.adapter_limits.max_rank, self.engine.max_lora_rank
             )
         if "base_model" not in self.model_fields_set:
             # Uploaded adapters are checked against the model actually served.

@@ -192,8 +192,8 @@ class HttpEngineClient:
     ) -> HttpEngineClient:
         config = json.loads((Path(settings.model) / "config.json").read_text(encoding="utf-8"))
         max_len = int(config.get("max_position_embeddings", 2048))
-        if settings.engine_max_model_len is not None:
-            max_len = min(max_len, settings.engine_max_model_len)
+        if settings.engine.max_model_len is not None:
+            max_len = min(max_len, settings.engine.max_model_len)
         token = settings.engine_admin_token
         return cls(
             settings.engine_urls,

@@ -16,7 +16,6 @@ from prometheus_client import CollectorRegistry
 
 from engine import adapter_admin
 from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
 from engine.errors import (
     AdapterNotFoundError,
     EngineError,
@@ -43,24 +42,6 @@ from tenancy.errors import TenancyError
 INPROCESS = "inprocess"
 
 log = logging.getLogger(__name__)
-
-
-def engine_config(settings: GatewaySettings) -> EngineConfig:
-    return EngineConfig(
-        max_loras=settings.engine_max_loras,
-        max_cpu_loras=settings.engine_max_cpu_loras,
-        max_lora_rank=settings.engine_max_lora_rank,
-        model=str(settings.model),
-        served_model_name=settings.model_name,
-        dtype=settings.engine_dtype,
-        device=settings.engine_device,
-        num_kv_blocks=settings.engine_num_kv_blocks,
-        kv_cache_memory_bytes=int(settings.engine_kv_cache_memory_gb * (1 << 30)),
-        max_num_seqs=settings.engine_max_num_seqs,
-        max_num_batched_tokens=settings.engine_max_num_batched_tokens,
-        max_model_len=settings.engine_max_model_len,
-        max_queue_len=settings.engine_max_queue_len,
-    )
 
 
 def gateway_error(exc: EngineError) -> TenancyError:
@@ -127,7 +108,10 @@ class InProcessEngineClient:
     @classmethod
     async def from_settings(cls, settings: GatewaySettings) -> InProcessEngineClient:
         # Loading weights takes seconds: off the event loop.
-        engine = await asyncio.to_thread(AsyncEngine.from_config, engine_config(settings))
+        config = settings.engine.to_engine_config(
+            model=str(settings.model), served_model_name=settings.model_name
+        )
+        engine = await asyncio.to_thread(AsyncEngine.from_config, config)
         return cls(engine, drain_timeout_s=settings.engine_drain_timeout_s)
 
     async def start(self) -> None:

@@ -54,8 +54,8 @@ def deployment_env(
         "LORAGATE_SALT_SECRET": secrets.token_urlsafe(32),
         "LORAGATE_ADAPTER_STORE_DIR": str(workdir / "adapters"),
         "LORAGATE_AUTO_MIGRATE": "true",
-        "LORAGATE_ENGINE_NUM_KV_BLOCKS": "1024",
-        "LORAGATE_ENGINE_MAX_NUM_SEQS": "64",
+        "LORAGATE_ENGINE__NUM_KV_BLOCKS": "1024",
+        "LORAGATE_ENGINE__MAX_NUM_SEQS": "64",
         "LORAGATE_USAGE_FLUSH_INTERVAL_S": "0.05",
         "LORAGATE_ENGINE_POLL_INTERVAL_S": "0.3",
     }

@@ -71,7 +71,7 @@ async def test_each_outage_has_its_code_and_the_service_recovers_without_losing_
         workdir,
         database_url=database_url,
         redis_url=f"redis://127.0.0.1:{killable_redis.port}/0",
-        LORAGATE_ENGINE_MAX_QUEUE_LEN="3",
+        LORAGATE_ENGINE__MAX_QUEUE_LEN="3",
     )
     try:
         tenant = dep.tenant()

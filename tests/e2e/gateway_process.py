@@ -37,7 +37,7 @@ def gateway_env(model_dir: Path, workdir: Path, **extra: str) -> dict[str, str]:
         "LORAGATE_SALT_SECRET": secrets.token_urlsafe(32),
         "LORAGATE_ADAPTER_STORE_DIR": str(workdir / "adapters"),
         "LORAGATE_AUTO_MIGRATE": "true",
-        "LORAGATE_ENGINE_NUM_KV_BLOCKS": "1024",
+        "LORAGATE_ENGINE__NUM_KV_BLOCKS": "1024",
         "LORAGATE_USAGE_FLUSH_INTERVAL_S": "0.05",
     }
     env.update(extra)

@@ -49,11 +49,11 @@ def gateway_settings(model_dir: Path, tmp: Path, **overrides: Any) -> GatewaySet
         "salt_secret": secrets.token_urlsafe(32),
         "adapter_store_dir": tmp / "adapters",
         "auto_migrate": True,
-        "engine_num_kv_blocks": 1024,
-        "engine_max_num_seqs": 16,
         "usage_flush_interval_s": 0.05,
     }
-    values.update(overrides)
+    # `engine={...}` overrides single engine options over these.
+    engine = {"num_kv_blocks": 1024, "max_num_seqs": 16, **overrides.pop("engine", {})}
+    values.update(overrides, engine=engine)
     return GatewaySettings(**values)
 
 

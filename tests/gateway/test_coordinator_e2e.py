@@ -138,7 +138,7 @@ async def test_realtime_tier_runs_before_batch_tier(gateway: Gateway) -> None:
     """Acceptance 5, observed in scheduling: with the batch full, realtime goes first."""
     batch, realtime = await gateway.tenant(tier="batch"), await gateway.tenant(tier="realtime")
     done: list[str] = []
-    hold = gateway.state.settings.engine_max_num_seqs
+    hold = gateway.state.settings.engine.max_num_seqs
 
     async def run(tenant: Any, name: str, max_tokens: int) -> None:
         await _chat(gateway, tenant, max_tokens=max_tokens, ignore_eos=True)

@@ -33,7 +33,7 @@ async def live(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, secret_scan: SecretScan
 ) -> AsyncIterator[tuple[str, Gateway]]:
     settings = gateway_settings(
-        tiny_model_dir, tmp_path_factory.mktemp("disconnects"), engine_max_num_seqs=64
+        tiny_model_dir, tmp_path_factory.mktemp("disconnects"), engine={"max_num_seqs": 64}
     )
     async with live_gateway(settings) as (url, state):  # noqa: SIM117 (url comes from it)
         async with httpx.AsyncClient(base_url=url) as client:

@@ -69,7 +69,7 @@ def _head(path: str, key: str, length: int, content_type: str = "application/jso
 async def test_clients_that_leave_leave_no_noise(
     tiny_model_dir: Path, tmp_path: Path, secret_scan: SecretScan
 ) -> None:
-    settings = gateway_settings(tiny_model_dir, tmp_path, engine_max_num_seqs=32)
+    settings = gateway_settings(tiny_model_dir, tmp_path, engine={"max_num_seqs": 32})
     with _all_records() as records:
         async with live_gateway(settings) as (url, state):
             port = int(url.rsplit(":", 1)[1])

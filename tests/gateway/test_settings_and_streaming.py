@@ -52,7 +52,7 @@ def test_missing_secrets_are_refused(tiny_model_dir: Path) -> None:
 
 
 def test_served_model_shapes_become_the_adapter_checks(tiny_model_dir: Path) -> None:
-    settings = _settings(tiny_model_dir, served_model_name="tiny", engine_max_lora_rank=8)
+    settings = _settings(tiny_model_dir, served_model_name="tiny", engine={"max_lora_rank": 8})
     assert settings.base_model.name == "tiny"
     assert settings.base_model.hidden_size == 256 and settings.base_model.num_hidden_layers == 8
     assert settings.adapter_limits.max_rank == 8

@@ -1,0 +1,109 @@
+"""The engine's options, once: `loragate engine`'s flags and the gateway's embedded engine both
+come from `EngineSettings`, and `to_engine_config` is the one mapping to `EngineConfig`.
+
+Torch-free (the gateway reads it in HTTP mode too). Each field's description is its `--help`;
+the flag is the field's name with dashes (`max_loras` -> `--max-loras`), the gateway's
+environment variable `LORAGATE_ENGINE__` + its name upper-cased. Range checks live in
+`EngineConfig` and run here at validation, so a bad value is refused where it is read, naming
+the option.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from engine.config import EngineConfig, LoraModule
+
+
+class LoraModuleSpec(BaseModel):
+    """An adapter served from the start."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+    base_model_name: str | None = None
+
+
+class EngineSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="weights and activations dtype (auto: the checkpoint's)"
+    )
+    device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:1, ...")
+    seed: int = Field(default=0, description="seed of the sampler's default generator")
+    block_size: int = Field(default=16, description="tokens per KV-cache block (a power of two)")
+    num_kv_blocks: int | None = Field(
+        default=None,
+        description="KV-cache blocks to allocate (default: sized by kv-cache-memory-gb)",
+    )
+    kv_cache_memory_gb: float = Field(
+        default=1.0, gt=0, description="memory for the KV cache, in GiB"
+    )
+    max_num_seqs: int = Field(default=64, description="running requests at most (the batch)")
+    max_num_batched_tokens: int = Field(default=2048, description="tokens per engine step at most")
+    max_model_len: int | None = Field(
+        default=None,
+        ge=2,
+        description="context length (default: the model's max_position_embeddings)",
+    )
+    scheduling_policy: Literal["priority", "fcfs"] = Field(
+        default="priority", description="priority (tenant-fair, aging) or fcfs"
+    )
+    aging_steps: int = Field(
+        default=64, description="a waiting request gains one priority level per this many steps"
+    )
+    enable_prefix_caching: bool = Field(
+        default=True, description="reuse KV blocks of shared prefixes"
+    )
+    decode_attention: Literal["auto", "matmul", "sdpa"] = Field(
+        default="auto", description="decode attention backend; auto times both at start-up (CPU)"
+    )
+    max_queue_len: int = Field(
+        default=4096, ge=1, description="requests in flight at most (more are refused with 503)"
+    )
+    enable_lora: bool = Field(default=True, description="LoRA wrappers and adapter slots")
+    max_loras: int = Field(default=4, description="adapter slots on the device")
+    max_cpu_loras: int | None = Field(
+        default=None, description="adapters cached in CPU memory (>= max-loras; default: max-loras)"
+    )
+    max_lora_rank: int = Field(default=16, description="the largest adapter rank served")
+    lora_modules: tuple[LoraModuleSpec, ...] = Field(
+        default=(), description="adapters to serve from the start"
+    )
+
+    @model_validator(mode="after")
+    def _engine_rules(self) -> EngineSettings:
+        self.to_engine_config(model="")  # EngineConfig's checks raise ValueError naming the field
+        return self
+
+    def to_engine_config(self, *, model: str, served_model_name: str | None = None) -> EngineConfig:
+        return EngineConfig(
+            model=model,
+            served_model_name=served_model_name,
+            dtype=self.dtype,
+            device=self.device,
+            seed=self.seed,
+            block_size=self.block_size,
+            num_kv_blocks=self.num_kv_blocks,
+            kv_cache_memory_bytes=int(self.kv_cache_memory_gb * (1 << 30)),
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            policy=self.scheduling_policy,
+            aging_steps=self.aging_steps,
+            enable_prefix_caching=self.enable_prefix_caching,
+            decode_attention=self.decode_attention,
+            max_queue_len=self.max_queue_len,
+            enable_lora=self.enable_lora,
+            max_loras=self.max_loras,
+            max_cpu_loras=self.max_cpu_loras,
+            max_lora_rank=self.max_lora_rank,
+            lora_modules=tuple(
+                LoraModule(name=m.name, path=m.path, base_model_name=m.base_model_name)
+                for m in self.lora_modules
+            ),
+        )
