@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -18,13 +17,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from types import FrameType
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-from starlette.requests import ClientDisconnect
+from fastapi import FastAPI
 
 from gateway.admin import admin_router
 from gateway.engines.build import build_engine_client
-from gateway.errors import ClientGone, error_json, install_error_handlers
+from gateway.error_handlers import install_error_handlers
 from gateway.lifecycle.bookkeeping import Bookkeeping, UsageWriter
 from gateway.lifecycle.job import Planner
 from gateway.lifecycle.service import RequestLifecycle
@@ -35,14 +32,8 @@ from gateway.routes import chat, completions, generate, health, models
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.text.tokenizer import Tokenizer
-from tenancy.errors import TenancyError
 from tenancy.migrate import upgrade
 from tenancy.runtime import build_runtime
-
-log = logging.getLogger(__name__)
-
-# Not a standard status: what nginx logs for a client that closed the connection first.
-CLIENT_CLOSED_REQUEST = 499
 
 
 def _ensure_sqlite_dir(url: str) -> None:
@@ -112,24 +103,6 @@ async def close_state(state: GatewayState) -> None:
         await state.lifecycle.drain(state.settings.shutdown_grace_s)
 
 
-async def _tenancy_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, TenancyError)
-    state: GatewayState | None = getattr(request.app.state, "gateway", None)
-    if state is not None and getattr(request.state, "lg_inference", False):
-        state.metrics.reject(
-            getattr(request.state, "lg_tenant", None),
-            getattr(request.state, "lg_model", None),
-            exc.code,
-        )
-    return error_json(exc)
-
-
-async def _client_gone(request: Request, exc: Exception) -> Response:
-    # The common case, not an error: one INFO line, no traceback (its run keeps the books).
-    log.info("client left before its response (%s)", request.url.path)
-    return Response(status_code=CLIENT_CLOSED_REQUEST)
-
-
 @contextlib.contextmanager
 def drain_on_signals(state: GatewayState) -> Iterator[None]:
     """SIGTERM/SIGINT start the lifecycle's drain, then go on to the server's own handler.
@@ -184,10 +157,6 @@ def create_app(settings: GatewaySettings, *, handle_signals: bool = False) -> Fa
         openapi_url=None,
     )
     install_error_handlers(app)
-    app.add_exception_handler(TenancyError, _tenancy_error)
-    app.add_exception_handler(ClientGone, _client_gone)
-    # Raised by Starlette when the client leaves while its body is being read (mid-upload).
-    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_middleware(RequestContextMiddleware)
     for module in (chat, completions, models, generate, health):
         app.include_router(module.router)

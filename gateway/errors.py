@@ -1,32 +1,12 @@
-"""Typed errors a client can cause, and the one place every error becomes the OpenAI shape.
+"""The errors only the gateway raises, each with its OpenAI error shape (`tenancy.errors.ClientError`
+is their base, shared with the tenancy layer); error_handlers.py maps them to answers.
 
-Body: `{"error": {"message", "type", "param", "code"}}`. Messages never quote a key, a salt, a
-prompt or another tenant's data; unexpected exceptions are logged by type only and answered
-with a constant 500.
+Messages never quote a key, a salt, a prompt or another tenant's data.
 """
 
 from __future__ import annotations
 
-import logging
-
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-
-from gateway.admin import install_error_handlers as install_admin_error_handlers
-from tenancy.errors import TenancyError
-
-log = logging.getLogger(__name__)
-
-
-class GatewayError(TenancyError):
-    """Shares the tenancy errors' shape, so one handler answers both."""
-
-
-class BadRequest(GatewayError):
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
-        super().__init__(
-            message=message, status_code=400, code=code or "invalid_value", param=param
-        )
+from tenancy.errors import BadRequest, ClientError
 
 
 class UnsupportedField(BadRequest):
@@ -41,7 +21,7 @@ class ContextLengthExceeded(BadRequest):
         super().__init__(message, param=param, code="context_length_exceeded")
 
 
-class BodyTooLarge(GatewayError):
+class BodyTooLarge(ClientError):
     def __init__(self, limit: int) -> None:
         super().__init__(
             message=f"The request body is larger than {limit} bytes.",
@@ -50,7 +30,7 @@ class BodyTooLarge(GatewayError):
         )
 
 
-class ModelNotFound(GatewayError):
+class ModelNotFound(ClientError):
     """An unknown model, or an adapter this key may not see: the same answer for both."""
 
     def __init__(self) -> None:
@@ -62,7 +42,7 @@ class ModelNotFound(GatewayError):
         )
 
 
-class EngineOverloaded(GatewayError):
+class EngineOverloaded(ClientError):
     def __init__(self, message: str = "The engine is overloaded; retry shortly.") -> None:
         super().__init__(
             message=message,
@@ -73,7 +53,7 @@ class EngineOverloaded(GatewayError):
         )
 
 
-class ShuttingDown(GatewayError):
+class ShuttingDown(ClientError):
     """This gateway is draining: retry on another replica (or after its restart)."""
 
     def __init__(self, message: str = "The gateway is shutting down; retry the request.") -> None:
@@ -86,7 +66,7 @@ class ShuttingDown(GatewayError):
         )
 
 
-class EngineFailed(GatewayError):
+class EngineFailed(ClientError):
     """The engine (or every replica tried) failed: 500 for our own engine, 502 upstream."""
 
     def __init__(self, message: str = "The engine failed.", *, status_code: int = 500) -> None:
@@ -95,32 +75,5 @@ class EngineFailed(GatewayError):
         )
 
 
-class Unauthorized(GatewayError):
-    def __init__(self) -> None:
-        super().__init__(
-            message="Incorrect API key provided.",
-            status_code=401,
-            code="invalid_api_key",
-        )
-
-
 class ClientGone(Exception):
     """The client disconnected before its response started (answered 499, never sent)."""
-
-
-def error_json(exc: TenancyError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
-
-
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.error("unhandled %s on %s", type(exc).__name__, request.url.path)
-    return error_json(
-        GatewayError(message="Internal server error.", status_code=500, error_type="server_error")
-    )
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Tenancy errors (and gateway errors, their subclasses), validation and database errors go
-    through the admin module's mapping; anything else is a constant 500."""
-    install_admin_error_handlers(app)
-    app.add_exception_handler(Exception, _unexpected)

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from tenancy.bootstrap import bootstrap_admin
 from tenancy.db import make_engine, make_sessionmaker
-from tenancy.errors import TenancyError
+from tenancy.errors import ClientError
 from tenancy.keys import KeyMinter
 from tenancy.migrate import upgrade
 from tenancy.settings import TenancySettings
@@ -89,7 +89,7 @@ def _bootstrap(args: argparse.Namespace) -> int:
         return 2
     try:
         key = asyncio.run(_bootstrap_async(settings, args.force))
-    except TenancyError as exc:
+    except ClientError as exc:
         print(exc.message, file=sys.stderr)
         return 1
     # The only place the key is ever shown; stdout, never a log.

@@ -1,4 +1,6 @@
-"""Typed errors a client can cause. Each carries its OpenAI error shape; the gateway maps them once.
+"""Typed errors a client can cause, for the admin API and inference alike. `ClientError` is the
+one base (the gateway's own errors extend it too); each carries its OpenAI error shape, and
+gateway/error_handlers.py maps them to answers, once.
 
 The message never contains a key, a salt or another tenant's data.
 """
@@ -9,7 +11,7 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class TenancyError(Exception):
+class ClientError(Exception):
     message: str
     status_code: int = 400
     error_type: str = "invalid_request_error"
@@ -31,7 +33,7 @@ class TenancyError(Exception):
         }
 
 
-class InvalidApiKey(TenancyError):
+class InvalidApiKey(ClientError):
     def __init__(self) -> None:
         # One constant message for every failure, so a caller learns nothing about why.
         super().__init__(
@@ -42,7 +44,7 @@ class InvalidApiKey(TenancyError):
         )
 
 
-class InsufficientScope(TenancyError):
+class InsufficientScope(ClientError):
     def __init__(self, message: str = "This key lacks the scope for this operation.") -> None:
         super().__init__(
             message=message,
@@ -52,22 +54,22 @@ class InsufficientScope(TenancyError):
         )
 
 
-class NotFound(TenancyError):
+class NotFound(ClientError):
     def __init__(self, what: str) -> None:
         super().__init__(message=f"{what} not found.", status_code=404, code="not_found")
 
 
-class Conflict(TenancyError):
+class Conflict(ClientError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message=message, status_code=409, code="conflict", param=param)
 
 
-class BadRequest(TenancyError):
+class BadRequest(ClientError):
     def __init__(self, message: str, *, code: str = "invalid_value", param: str | None = None):
         super().__init__(message=message, status_code=400, code=code, param=param)
 
 
-class ServiceUnavailable(TenancyError):
+class ServiceUnavailable(ClientError):
     """A backing service is down: fail closed with 503 and `Retry-After`, never 401.
 
     Each service has its own code (and so its own rejection metric), so clients and alerts can

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from tenancy.errors import TenancyError
+from tenancy.errors import ClientError
 from tenancy.ids import RequestId
 
 WINDOW_S = 60.0
@@ -143,7 +143,7 @@ class QuotaUsage:
     month_tokens: int
 
 
-class QuotaExceeded(TenancyError):
+class QuotaExceeded(ClientError):
     """429: a rate limit (retryable) or an exhausted budget (`x-should-retry: false`)."""
 
     def __init__(

@@ -1,7 +1,7 @@
 """The admin REST API, mounted by the gateway app at /admin/v1.
 
-The app factory stores a `tenancy.runtime.TenancyRuntime` on `app.state.tenancy` and calls
-`install_error_handlers(app)` once.
+The app factory stores a `tenancy.runtime.TenancyRuntime` on `app.state.tenancy`; errors are
+answered by gateway/error_handlers.py, as everywhere.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gateway.admin import adapters, audit, keys, quotas, tenants, usage
-from gateway.admin.errors import install_error_handlers
 
 PREFIX = "/admin/v1"
 
@@ -21,4 +20,4 @@ def admin_router() -> APIRouter:
     return router
 
 
-__all__ = ["PREFIX", "admin_router", "install_error_handlers"]
+__all__ = ["PREFIX", "admin_router"]

@@ -27,10 +27,10 @@ from engine.protocol import GenerateRequest, GenerateResponse
 from gateway.engines.api import EngineStreamError
 from gateway.engines.http_wire import Pool, Response, WireError
 from gateway.engines.replicas import Replica, adapter_tiers, route
-from gateway.errors import BadRequest, EngineFailed, EngineOverloaded, ModelNotFound
+from gateway.errors import EngineFailed, EngineOverloaded, ModelNotFound
 from gateway.policy import AdapterRef
 from gateway.settings import GatewaySettings
-from tenancy.errors import TenancyError
+from tenancy.errors import BadRequest, ClientError
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ GENERATE = "/inference/v1/generate"
 class _TryNext(Exception):
     """This replica failed before the first event; the next one may serve the request."""
 
-    def __init__(self, error: TenancyError) -> None:
+    def __init__(self, error: ClientError) -> None:
         self.error = error
 
 
@@ -54,7 +54,7 @@ def wire_body(
     return json.dumps(body).encode()
 
 
-def _error_for(status: int, body: bytes) -> TenancyError:
+def _error_for(status: int, body: bytes) -> ClientError:
     try:
         error = json.loads(body).get("error", {})
         message = str(error.get("message", ""))[:500] or "The engine refused the request."
@@ -283,7 +283,7 @@ class HttpEngineClient:
 
     async def open(self, request: GenerateRequest, adapter: AdapterRef | None) -> HttpStream:
         body = wire_body(request, vllm=self._vllm, vllm_priority=self._vllm_priority)
-        error: TenancyError = EngineFailed("No engine replica is available.", status_code=502)
+        error: ClientError = EngineFailed("No engine replica is available.", status_code=502)
         for replica in route(self.replicas, request.model):
             try:
                 return await self._try(replica, request, body, adapter)

@@ -34,17 +34,17 @@ from engine.protocol import (
 )
 from engine.request_stream import RequestStream
 from gateway.engines.api import EngineStreamError
-from gateway.errors import BadRequest, EngineFailed, EngineOverloaded, ModelNotFound
+from gateway.errors import EngineFailed, EngineOverloaded, ModelNotFound
 from gateway.policy import AdapterRef
 from gateway.settings import GatewaySettings
-from tenancy.errors import TenancyError
+from tenancy.errors import BadRequest, ClientError
 
 INPROCESS = "inprocess"
 
 log = logging.getLogger(__name__)
 
 
-def gateway_error(exc: EngineError) -> TenancyError:
+def gateway_error(exc: EngineError) -> ClientError:
     """An engine error raised before anything streamed, as the gateway answers it."""
     if isinstance(exc, InvalidRequestError):
         return BadRequest(exc.message, param=exc.param)

@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.metrics import GatewayMetrics
 from tenancy.crud.usage import UsageIn, record_usage_batch
-from tenancy.errors import TenancyError
+from tenancy.errors import ClientError
 from tenancy.ids import RequestId
 from tenancy.quotas import QuotaStore
 
@@ -64,7 +64,7 @@ class Bookkeeping:
                 run.admission, used_tokens=run.num_prompt_tokens + num_completion
             )
             self.num_settled += 1
-        except TenancyError:
+        except ClientError:
             # The store is down: the lease expires by itself; the usage ledger stays exact.
             log.warning("quota settlement failed; the lease will expire")
         model = run.target.model

@@ -25,10 +25,11 @@ from engine.protocol import (
     StreamOptions,
     to_sampling_params,
 )
-from gateway.errors import BadRequest, ContextLengthExceeded
+from gateway.errors import ContextLengthExceeded
 from gateway.policy import ResolvedModel, TenantContext
 from gateway.settings import GatewaySettings
 from gateway.text.tokenizer import Tokenizer
+from tenancy.errors import BadRequest
 
 
 @dataclass(frozen=True)

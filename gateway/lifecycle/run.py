@@ -28,7 +28,7 @@ from engine.protocol import GenerateResponse
 from gateway.engines.api import EngineClient, EngineStream, EngineStreamError
 from gateway.errors import EngineFailed, ShuttingDown
 from gateway.lifecycle.job import EngineTarget, Plan
-from tenancy.errors import TenancyError
+from tenancy.errors import ClientError
 from tenancy.ids import RequestId
 from tenancy.quotas import Admission, QuotaStore, QuotaSubject
 
@@ -128,7 +128,7 @@ class Run:
             )
             await self._open()
             await self._pump()
-        except TenancyError as exc:  # before the answer started: it becomes the HTTP status
+        except ClientError as exc:  # before the answer started: it becomes the HTTP status
             self._fail(exc)
         except Exception as exc:  # a bug: answered as a constant 500
             # The message may quote request data: the type and the frames only.
@@ -270,7 +270,7 @@ class Run:
                 self.events.put_nowait(closing + self.output.tail())
         self.events.put_nowait(None)
 
-    def _answer_failure(self, message: str, *, status: TenancyError | None = None) -> None:
+    def _answer_failure(self, message: str, *, status: ClientError | None = None) -> None:
         if self._is_answered:
             return
         self._is_answered = True
@@ -280,7 +280,7 @@ class Run:
             self.events.put_nowait(self.output.failure(message))
         self.events.put_nowait(None)
 
-    def _fail(self, exc: TenancyError) -> None:
+    def _fail(self, exc: ClientError) -> None:
         if not self.answer.done():
             self.answer.set_exception(exc)
             # The responder retrieves it; a client gone before it looked must not log it.

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.protocol import SSE_DONE, sse_json
-from gateway.errors import BadRequest
 from gateway.lifecycle.job import EngineTarget, Plan, Planner, reserve_tokens
 from gateway.openai.render import JSON, chat_logprobs
 from gateway.openai.schemas import BodyJob, ChatCompletionRequest, text_sampling
 from gateway.openai.text_output import TextOutput
 from gateway.text.choices import ChoiceDelta, TokenLogprob
 from gateway.text.tokenizer import Tokenizer
+from tenancy.errors import BadRequest
 
 
 @dataclass(frozen=True)

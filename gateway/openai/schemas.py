@@ -19,8 +19,9 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from engine.protocol import GenerateSamplingParams
-from gateway.errors import BadRequest, ContextLengthExceeded, UnsupportedField
+from gateway.errors import ContextLengthExceeded, UnsupportedField
 from gateway.lifecycle.job import Planner
+from tenancy.errors import BadRequest
 
 MAX_STRING_CHARS = 1 << 20  # one message, prompt or stop string (the body limit bounds the sum)
 

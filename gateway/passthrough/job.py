@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.protocol import GenerateRequest, InvalidRequestError, parse_generate_request
-from gateway.errors import BadRequest
 from gateway.lifecycle.job import EngineTarget, Plan, Planner, reserve_tokens
 from gateway.passthrough.output import WireOutput
+from tenancy.errors import BadRequest
 
 
 def parse_wire_request(body: bytes) -> GenerateRequest:

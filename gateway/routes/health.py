@@ -14,8 +14,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from gateway.deps import StateDep
-from gateway.errors import Unauthorized
 from gateway.state import GatewayState
+from tenancy.errors import InvalidApiKey
 
 router = APIRouter(tags=["operations"])
 
@@ -73,5 +73,5 @@ async def metrics(
     if token is not None:
         expected = f"Bearer {token.get_secret_value()}".encode()
         if not hmac.compare_digest((authorization or "").encode(), expected):
-            raise Unauthorized()
+            raise InvalidApiKey()
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.errors import BadRequest
+from tenancy.errors import BadRequest
 
 
 def _bytes_to_unicode() -> dict[int, str]:

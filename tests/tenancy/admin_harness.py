@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from gateway.admin import admin_router, install_error_handlers
+from gateway.admin import admin_router
+from gateway.error_handlers import install_error_handlers
 from tenancy.bootstrap import bootstrap_admin
 from tenancy.migrate import upgrade
 from tenancy.runtime import TenancyRuntime, build_runtime
