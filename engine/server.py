@@ -29,6 +29,7 @@ from engine.metrics import EngineMetrics
 from engine.outputs import FinishReason, RequestOutput
 from engine.protocol import (
     SSE_DONE,
+    BodyTooLarge,
     EngineLimits,
     GenerateRequest,
     GenerateResponse,
@@ -37,8 +38,10 @@ from engine.protocol import (
     is_error_output,
     parse_abort_request,
     parse_generate_request,
+    read_capped,
     sse_event,
     to_engine_request,
+    wait_for_disconnect,
 )
 from lora.errors import AdapterError
 
@@ -91,19 +94,14 @@ def get_metrics(request: Request) -> EngineMetrics:
 
 
 async def read_body(request: Request) -> bytes:
-    """The raw body, refused with 413 as soon as it is known to pass the limit."""
-    limit: int = request.app.state.max_body_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise RequestTooLargeError(f"the body is larger than {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestTooLargeError(f"the body is larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        return await read_capped(
+            request.stream(),
+            declared=request.headers.get("content-length"),
+            limit=request.app.state.max_body_bytes,
+        )
+    except BodyTooLarge as exc:
+        raise RequestTooLargeError(str(exc)) from None
 
 
 EngineDep = Annotated[AsyncEngine, Depends(get_engine)]
@@ -249,15 +247,10 @@ class _RequestRun:
         return self.builder.response()
 
 
-async def _wait_for_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
 async def _unless_disconnected(request: Request, work: Awaitable[Response]) -> Response:
     """Run `work`, cancelling it (so its request is aborted) if the client goes away first."""
     work_task = asyncio.ensure_future(work)
-    watch_task = asyncio.ensure_future(_wait_for_disconnect(request.receive))
+    watch_task = asyncio.ensure_future(wait_for_disconnect(request.receive))
     try:
         await asyncio.wait({work_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -7,6 +7,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from engine.protocol import BodyTooLarge as TooLarge
+from engine.protocol import read_capped
 from gateway.errors import BodyTooLarge
 from gateway.policy import TenantContext
 from gateway.state import GatewayState
@@ -33,18 +35,14 @@ TenantDep = Annotated[TenantContext, Depends(get_tenant)]
 
 async def read_body(request: Request, state: StateDep) -> bytes:
     """The raw body, refused with 413 as soon as it is known to pass the limit."""
-    limit = state.settings.max_body_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(limit)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        return await read_capped(
+            request.stream(),
+            declared=request.headers.get("content-length"),
+            limit=state.settings.max_body_bytes,
+        )
+    except TooLarge as exc:
+        raise BodyTooLarge(exc.limit) from None
 
 
 BodyDep = Annotated[bytes, Depends(read_body)]

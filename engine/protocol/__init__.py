@@ -39,6 +39,7 @@ from engine.protocol.responses import (
     sse_event,
     sse_json,
 )
+from engine.protocol.transport import BodyTooLarge, read_capped, wait_for_disconnect
 
 __all__ = [
     "INT64_MAX",
@@ -49,6 +50,7 @@ __all__ = [
     "MIN_WIRE_LOGPROB",
     "SSE_DONE",
     "AbortRequestsBody",
+    "BodyTooLarge",
     "ChoiceLogprobs",
     "EngineLimits",
     "ErrorInfo",
@@ -69,10 +71,12 @@ __all__ = [
     "is_error_output",
     "parse_abort_request",
     "parse_generate_request",
+    "read_capped",
     "render_logprobs",
     "render_prompt_logprobs",
     "sse_event",
     "sse_json",
     "to_engine_request",
     "to_sampling_params",
+    "wait_for_disconnect",
 ]

@@ -34,6 +34,7 @@ from fastapi import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from engine.protocol import wait_for_disconnect
 from gateway.engines.api import EngineClient
 from gateway.errors import ClientGone, ShuttingDown
 from gateway.lifecycle.bookkeeping import Bookkeeping
@@ -139,7 +140,7 @@ class RequestLifecycle:
 
 
 async def respond(request: Request, run: Run, *, keepalive_s: float) -> Response:
-    watch: asyncio.Future[None] = asyncio.ensure_future(_disconnected(request.receive))
+    watch: asyncio.Future[None] = asyncio.ensure_future(wait_for_disconnect(request.receive))
     try:
         await asyncio.wait((run.answer, watch), return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
@@ -162,12 +163,6 @@ def response_headers(run: Run) -> dict[str, str]:
     overhead = max(0.0, time.perf_counter() - run.started - run.engine_wait_s)
     headers["x-loragate-overhead-ms"] = f"{overhead * 1000:.3f}"
     return headers
-
-
-async def _disconnected(receive: Receive) -> None:
-    # The body has been read in full by now, so the next message can only be the disconnect.
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class EventSource(Protocol):
@@ -194,7 +189,7 @@ class EventStreamResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         run = self._run
-        watch = asyncio.ensure_future(_disconnected(receive))
+        watch = asyncio.ensure_future(wait_for_disconnect(receive))
         watch.add_done_callback(lambda _: run.client_gone())
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
