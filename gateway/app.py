@@ -32,7 +32,7 @@ from gateway.routes import chat, completions, generate, health, models
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.text.tokenizer import Tokenizer
-from tenancy.migrate import upgrade
+from tenancy.migrate import check_schema, upgrade
 from tenancy.runtime import build_runtime
 
 
@@ -49,6 +49,7 @@ async def build_state(settings: GatewaySettings) -> GatewayState:
     try:
         if settings.auto_migrate:
             await upgrade(runtime.engine)
+        await check_schema(runtime.engine)  # a clear refusal, not a 503 on every request
         await runtime.restore_budgets()  # before the first admission: a restart hands none back
         tokenizer = await asyncio.to_thread(Tokenizer.load, settings.model)
         engine = await build_engine_client(settings, runtime.priority.vllm_priority)

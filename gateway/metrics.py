@@ -24,7 +24,7 @@ REJECTION_REASONS = frozenset({
     "insufficient_quota", "overloaded", "engine_error", "request_too_large", "invalid_value",
     "invalid_json", "missing_required_parameter", "unsupported_parameter",
     "context_length_exceeded", "database_unavailable", "quota_store_unavailable",
-    "identity_provider_unavailable", "shutting_down",
+    "identity_provider_unavailable", "shutting_down", "tenant_suspended",
 })  # fmt: skip
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import sys
 from typing import Any
@@ -61,9 +62,32 @@ def run_server(settings: GatewaySettings, *, host: str, port: int, log_level: st
     )
 
 
+def schema_ready(settings: GatewaySettings) -> bool:
+    """Unless the gateway migrates at start, the schema must already be this code's: say so
+    in one line rather than serving 503 to every request."""
+    if settings.auto_migrate:
+        return True
+    from tenancy.db import make_engine
+    from tenancy.migrate import SchemaOutOfDate, check_schema
+
+    async def check() -> None:
+        engine = make_engine(settings.database_url)
+        try:
+            await check_schema(engine)
+        finally:
+            await engine.dispose()
+
+    try:
+        asyncio.run(check())
+    except SchemaOutOfDate as exc:
+        print(f"loragate serve: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
 def _serve(args: argparse.Namespace) -> int:
     settings = load_settings()
-    if settings is None:
+    if settings is None or not schema_ready(settings):
         return 2
     if args.workers > 1:
         if settings.engine_mode == "inprocess":

@@ -54,6 +54,16 @@ class InsufficientScope(ClientError):
         )
 
 
+class TenantSuspended(ClientError):
+    def __init__(self) -> None:
+        super().__init__(
+            message="This key's tenant is suspended; ask its administrator.",
+            status_code=403,
+            error_type="permission_error",
+            code="tenant_suspended",
+        )
+
+
 class NotFound(ClientError):
     def __init__(self, what: str) -> None:
         super().__init__(message=f"{what} not found.", status_code=404, code="not_found")

@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tenancy.crud.keys import find_by_hash
-from tenancy.errors import DatabaseUnavailable, InvalidApiKey
+from tenancy.errors import DatabaseUnavailable, InvalidApiKey, TenantSuspended
 from tenancy.ids import ApiKeyId, TenantId
 from tenancy.keys import KeyMinter, digests_equal
 from tenancy.scopes import Scope
@@ -41,8 +41,9 @@ class VerifiedKey:
     tenant_tier: str
     salt_epoch: int
 
-    def is_usable(self, now: dt.datetime) -> bool:
-        if self.revoked_at is not None or self.tenant_status != "active":
+    def is_valid(self, now: dt.datetime) -> bool:
+        """The key itself: not revoked, not expired, not past its rotation grace."""
+        if self.revoked_at is not None:
             return False
         if self.expires_at is not None and now >= self.expires_at:
             return False
@@ -111,8 +112,11 @@ class KeyVerifier:
         record = self._cache.get(key_hash)
         if record is None:
             record = await self._loads.run(key_hash, lambda: self._load_and_cache(key_hash))
-        if not record.is_usable(self._now()):
+        if not record.is_valid(self._now()):
             raise InvalidApiKey()
+        if record.tenant_status != "active":
+            # Only a holder of a valid key learns this: it tells them why, not what exists.
+            raise TenantSuspended()
         return record
 
     async def _load_and_cache(self, key_hash: str) -> VerifiedKey:

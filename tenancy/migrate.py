@@ -7,6 +7,8 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -37,3 +39,36 @@ async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
 async def downgrade(engine: AsyncEngine, revision: str = "base") -> None:
     async with engine.begin() as conn:
         await conn.run_sync(_run, "downgrade", revision, {})
+
+
+def head_revision() -> str | None:
+    """The newest revision this code ships (what the schema must be at to serve)."""
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    """The database's revision; None for a database never migrated."""
+
+    def read(connection: Connection) -> str | None:
+        return MigrationContext.configure(connection).get_current_revision()
+
+    async with engine.connect() as conn:
+        return await conn.run_sync(read)
+
+
+class SchemaOutOfDate(RuntimeError):
+    """The database's schema is not the one this code needs."""
+
+    def __init__(self, current: str | None, head: str | None) -> None:
+        where = "has never been migrated" if current is None else f"is at revision {current}"
+        super().__init__(
+            f"the database {where}; this version needs {head}: run `loragate admin migrate` "
+            "(or set LORAGATE_AUTO_MIGRATE=true)"
+        )
+
+
+async def check_schema(engine: AsyncEngine) -> None:
+    """Raises SchemaOutOfDate unless the database is at this code's head revision."""
+    current, head = await current_revision(engine), head_revision()
+    if current != head:
+        raise SchemaOutOfDate(current, head)

@@ -145,7 +145,8 @@ class Planner:
         for position, token_id in enumerate(ids):
             if not 0 <= token_id < self.vocab_size:
                 raise BadRequest(
-                    f"{param} token {position} is outside the vocabulary [0, {self.vocab_size}).",
+                    f"{param}[{position}] is {token_id}, outside the vocabulary "
+                    f"[0, {self.vocab_size}).",
                     param=param,
                 )
 

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from engine.protocol import GenerateSamplingParams
+from engine.protocol import INT64_MAX, INT64_MIN, GenerateSamplingParams
 from gateway.errors import ContextLengthExceeded, UnsupportedField
 from gateway.lifecycle.job import Planner
 from tenancy.errors import BadRequest
@@ -43,7 +43,7 @@ class SamplingFields(BaseModel):
     top_p: float | None = None
     n: int = 1
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)  # the engine's range
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None

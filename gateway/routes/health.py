@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+from collections.abc import Coroutine
 from typing import Annotated
 
 from fastapi import APIRouter, Header
@@ -16,6 +17,7 @@ from sqlalchemy import text
 from gateway.deps import StateDep
 from gateway.state import GatewayState
 from tenancy.errors import InvalidApiKey
+from tenancy.migrate import current_revision, head_revision
 
 router = APIRouter(tags=["operations"])
 
@@ -35,12 +37,23 @@ async def _database_ok(state: GatewayState) -> bool:
     return True
 
 
+async def _schema_ok(state: GatewayState) -> bool:
+    """The schema is at this code's revision (else every request would fail)."""
+    current = await current_revision(state.tenancy.engine)
+    if current != head_revision():
+        logger.warning("database schema at %s, needs %s: run `loragate admin migrate`",
+                       current, head_revision())  # fmt: skip
+        return False
+    return True
+
+
 async def _redis_ok(state: GatewayState) -> bool:
     redis = state.tenancy.redis
-    return True if redis is None else bool(await redis.ping())
+    assert redis is not None
+    return bool(await redis.ping())
 
 
-async def _check(probe: asyncio.Future[bool] | asyncio.Task[bool]) -> bool:
+async def _check(probe: Coroutine[None, None, bool]) -> bool:
     with contextlib.suppress(Exception):
         return await asyncio.wait_for(probe, READY_TIMEOUT_S)
     return False
@@ -48,17 +61,26 @@ async def _check(probe: asyncio.Future[bool] | asyncio.Task[bool]) -> bool:
 
 @router.get("/ready", response_model=None)
 async def ready(state: StateDep) -> Response:
-    database, redis = await asyncio.gather(
-        _check(asyncio.ensure_future(_database_ok(state))),
-        _check(asyncio.ensure_future(_redis_ok(state))),
+    """`checks`: each dependency this gateway uses; one not configured is `null` and does not
+    count (no Redis in the embedded mode)."""
+    uses_redis = state.tenancy.redis is not None
+    database, schema, redis = await asyncio.gather(
+        _check(_database_ok(state)),
+        _check(_schema_ok(state)),
+        _check(_redis_ok(state)) if uses_redis else asyncio.sleep(0, None),
     )
     try:
         engines = await asyncio.wait_for(state.engine.check_ready(), READY_TIMEOUT_S)
     except Exception as exc:  # a readiness probe answers "not ready" whatever broke; never a 500
         logger.warning("engine readiness check failed: %s", type(exc).__name__)
         engines = {}
-    checks = {"database": database, "redis": redis, "engines": any(engines.values())}
-    ok = all(checks.values())
+    checks = {
+        "database": database,
+        "schema": schema,
+        "redis": redis if uses_redis else None,
+        "engines": any(engines.values()),
+    }
+    ok = all(value for value in checks.values() if value is not None)
     return JSONResponse(
         {"status": "ready" if ok else "not ready", "checks": checks, "engines": engines},
         status_code=200 if ok else 503,
