@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from tenancy.scopes import Scope
 
@@ -35,11 +36,22 @@ class TenantOut(BaseModel):
     updated_at: dt.datetime
 
 
+def as_utc(value: dt.datetime | None) -> dt.datetime | None:
+    """A time without a zone is UTC (what the API documents); one with a zone becomes UTC."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+# Every time a client sends: naive means UTC, never a 500 further down.
+UtcDateTime = Annotated[dt.datetime, AfterValidator(as_utc)]
+
+
 class ApiKeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=NAME_PATTERN)
     scopes: list[Scope] = Field(default_factory=lambda: [Scope.INFERENCE], min_length=1)
-    expires_at: dt.datetime | None = None
+    expires_at: UtcDateTime | None = None
 
 
 class ApiKeyRotate(BaseModel):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from gateway.admin.deps import PrincipalDep, SessionDep
 from tenancy.audit_log import list_events
-from tenancy.schemas import AuditEventOut
+from tenancy.schemas import AuditEventOut, UtcDateTime
 
 router = APIRouter(tags=["audit"])
 
@@ -21,8 +20,8 @@ async def get_audit(
     tenant_id: str | None = None,
     action: str | None = None,
     actor: str | None = None,
-    since: dt.datetime | None = None,
-    until: dt.datetime | None = None,
+    since: UtcDateTime | None = None,
+    until: UtcDateTime | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> object:
     return await list_events(
