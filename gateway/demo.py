@@ -21,7 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.demo_adapters import demo_adapter_files
-from gateway.serve import load_settings, run_server
+from gateway.serve import load_settings, metrics_guarded, run_server
 from gateway.settings import GatewaySettings
 from tenancy.adapters.service import AdapterService
 from tenancy.adapters.validation import FormatChecksValidator
@@ -191,7 +191,7 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"no model at {args.model}; run `loragate make-model {args.model}`", file=sys.stderr)
         return 2
     settings = demo_settings(args.model, args.dir)
-    if settings is None:
+    if settings is None or not metrics_guarded(settings, args.host):
         return 2
     key = asyncio.run(prepare(settings))
     print(banner(key, host=args.host, port=args.port, model=settings.model_name), flush=True)

@@ -15,6 +15,14 @@ _REQUEST_ID = b"x-request-id"
 _OVERHEAD = b"x-loragate-overhead-ms"
 
 
+def sane_request_id(raw: bytes | None) -> str:
+    """The client's id if it is a short token of safe characters, else a fresh one: the one id
+    the response header, the logs and the audit log all carry."""
+    if raw is not None and _SANE_ID.fullmatch(raw):
+        return raw.decode()
+    return f"req_{uuid.uuid4().hex}"
+
+
 class RequestContextMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -24,13 +32,9 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        request_id = b""
-        for name, value in scope["headers"]:
-            if name == _REQUEST_ID:
-                request_id = value
-                break
-        if not _SANE_ID.fullmatch(request_id):
-            request_id = f"req_{uuid.uuid4().hex}".encode()
+        request_id = sane_request_id(
+            next((value for name, value in scope["headers"] if name == _REQUEST_ID), None)
+        ).encode()
         state = scope.setdefault("state", {})
         state["request_id"] = request_id.decode()
         state["started"] = started

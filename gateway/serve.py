@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import ipaddress
 import math
 import sys
 from typing import Any
@@ -48,6 +50,29 @@ def app_from_environment() -> Any:
     return create_app(settings, handle_signals=True)
 
 
+def uvicorn_options(settings: GatewaySettings, *, log_level: str) -> dict[str, Any]:
+    """How uvicorn runs the gateway, single process or workers alike."""
+    from gateway.server.logs import log_config
+    from gateway.server.protocol import ConnectionLimits, GuardedH11Protocol
+
+    limits = ConnectionLimits(
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        max_per_client=settings.max_connections_per_client,
+    )
+    return {
+        "http": functools.partial(GuardedH11Protocol, limits=limits),
+        "log_config": log_config(log_level, key_prefix=settings.key_prefix),
+        "log_level": log_level,
+        "timeout_keep_alive": settings.keepalive_timeout_s,
+        "timeout_graceful_shutdown": math.ceil(settings.shutdown_grace_s) + UVICORN_MARGIN_S,
+        # X-Forwarded-For and -Proto only from the proxies named (uvicorn's default trusts
+        # any loopback peer, so a local client could choose its own recorded address).
+        "proxy_headers": bool(settings.forwarded_allow_ips),
+        "forwarded_allow_ips": ",".join(settings.forwarded_allow_ips) or "",
+    }
+
+
 def run_server(settings: GatewaySettings, *, host: str, port: int, log_level: str) -> None:
     import uvicorn
 
@@ -57,9 +82,29 @@ def run_server(settings: GatewaySettings, *, host: str, port: int, log_level: st
         create_app(settings, handle_signals=True),
         host=host,
         port=port,
-        log_level=log_level,
-        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s) + UVICORN_MARGIN_S,
+        **uvicorn_options(settings, log_level=log_level),
     )
+
+
+def metrics_guarded(settings: GatewaySettings, host: str) -> bool:
+    """/metrics names tenants and models: beyond loopback it needs a token, or no start."""
+    if settings.metrics_token is not None or _is_loopback(host):
+        return True
+    print(
+        f"loragate serve: --host {host} would expose /metrics to the network; "
+        "set LORAGATE_METRICS_TOKEN (Prometheus sends it as a bearer token)",
+        file=sys.stderr,
+    )
+    return False
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: assume it is reachable
 
 
 def schema_ready(settings: GatewaySettings) -> bool:
@@ -87,7 +132,7 @@ def schema_ready(settings: GatewaySettings) -> bool:
 
 def _serve(args: argparse.Namespace) -> int:
     settings = load_settings()
-    if settings is None or not schema_ready(settings):
+    if settings is None or not metrics_guarded(settings, args.host) or not schema_ready(settings):
         return 2
     if args.workers > 1:
         if settings.engine_mode == "inprocess":
@@ -101,8 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             workers=args.workers,
-            log_level=args.log_level,
-            timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s) + UVICORN_MARGIN_S,
+            **uvicorn_options(settings, log_level=args.log_level),
         )
         return 0
     run_server(settings, host=args.host, port=args.port, log_level=args.log_level)

@@ -7,14 +7,14 @@ the tenancy validators already refuse empty, short or placeholder secrets (peppe
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from engine.settings import EngineSettings
-from tenancy.settings import BaseModelSpec, TenancySettings
+from tenancy.adapters.base_model import base_model_spec
+from tenancy.settings import TenancySettings
 
 EngineMode = Literal["inprocess", "http"]
 EngineKind = Literal["loragate", "vllm"]
@@ -61,6 +61,20 @@ class GatewaySettings(TenancySettings):
     # error event and [DONE], and every settlement and usage record is written before exit.
     shutdown_grace_s: float = Field(default=30.0, ge=0)
 
+    # ---- the HTTP server (a reverse proxy in front should add its own limits: docs/operations.md)
+    # Host headers accepted; ["*"]: any. Behind a proxy, the names clients use.
+    trusted_hosts: list[str] = Field(default_factory=lambda: ["*"])
+    # Peers trusted to set X-Forwarded-For/-Proto (the proxies in front). By default none: a
+    # client never chooses the address the audit log records.
+    forwarded_allow_ips: list[str] = Field(default_factory=list)
+    # A client must send its request head within header_timeout_s and its body within
+    # body_timeout_s; an idle keep-alive connection closes after keepalive_timeout_s.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    keepalive_timeout_s: int = Field(default=5, ge=1)
+    # Connections one client address may hold open at once (slow clients cannot take them all).
+    max_connections_per_client: int = Field(default=256, ge=1)
+
     # ---- usage ledger, metrics, start-up -----------------------------------------------------
     usage_flush_interval_s: float = Field(default=0.5, gt=0)
     usage_batch_size: int = Field(default=256, ge=1)
@@ -105,20 +119,3 @@ class GatewaySettings(TenancySettings):
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model.resolve().name
-
-
-def base_model_spec(model_dir: Path, name: str) -> BaseModelSpec:
-    """The adapter-shape facts of a Llama-family checkpoint, read from its config.json."""
-    path = model_dir / "config.json"
-    if not path.is_file():
-        return BaseModelSpec(name=name)
-    config = json.loads(path.read_text(encoding="utf-8"))
-    return BaseModelSpec(
-        name=name,
-        hidden_size=config["hidden_size"],
-        intermediate_size=config["intermediate_size"],
-        num_hidden_layers=config["num_hidden_layers"],
-        num_attention_heads=config["num_attention_heads"],
-        num_key_value_heads=config.get("num_key_value_heads", config["num_attention_heads"]),
-        head_dim=config.get("head_dim"),
-    )

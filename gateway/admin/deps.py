@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gateway.middleware import sane_request_id
 from tenancy.admin_auth import authenticate
 from tenancy.principal import AuditContext, Principal
 from tenancy.runtime import TenancyRuntime
@@ -44,10 +45,14 @@ PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
 def get_audit_context(request: Request, principal: PrincipalDep) -> AuditContext:
-    request_id = request.headers.get("x-request-id")
+    # The id the middleware settled on (the response carries the same), never the raw header;
+    # the address is the peer's, or a trusted proxy's X-Forwarded-For (the server decides).
+    request_id = getattr(request.state, "request_id", None)
+    if request_id is None:  # an app without the middleware (the admin routers alone)
+        request_id = sane_request_id(request.headers.get("x-request-id", "").encode() or None)
     return AuditContext(
         principal=principal,
-        request_id=request_id[:128] if request_id else None,
+        request_id=request_id,
         client_addr=request.client.host if request.client else None,
     )
 

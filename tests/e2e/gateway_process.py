@@ -65,7 +65,7 @@ class GatewayProcess:
         return self.url + "/v1"
 
     def admin(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        headers = {"authorization": f"Bearer {self.admin_key}"}
+        headers = {"authorization": f"Bearer {self.admin_key}", **kw.pop("headers", {})}
         return httpx.request(
             method, self.url + "/admin/v1" + path, headers=headers, timeout=30, **kw
         )
