@@ -26,7 +26,7 @@ from gateway.lifecycle.bookkeeping import Bookkeeping, UsageWriter
 from gateway.lifecycle.job import Planner
 from gateway.lifecycle.service import RequestLifecycle
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import RequestContextMiddleware
+from gateway.middleware import RequestContextMiddleware, TrustedHostMiddleware
 from gateway.policy import PolicyService
 from gateway.routes import chat, completions, generate, health, models
 from gateway.settings import GatewaySettings
@@ -156,9 +156,13 @@ def create_app(settings: GatewaySettings, *, handle_signals: bool = False) -> Fa
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        # A redirect to the path without its slash was built from the Host header: a client
+        # could point it anywhere. Such paths are a 404 instead.
+        redirect_slashes=False,
     )
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware)
+    app.add_middleware(TrustedHostMiddleware, hosts=settings.trusted_hosts)
     for module in (chat, completions, models, generate, health):
         app.include_router(module.router)
     app.include_router(admin_router())

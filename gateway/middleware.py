@@ -52,3 +52,32 @@ class RequestContextMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_context)
+
+
+class TrustedHostMiddleware:
+    """Requests whose Host header is not one of `hosts` get a 400 (OpenAI shape) before any
+    route sees them; `["*"]` accepts any. Nothing the gateway answers is built from the Host
+    header (no redirects), so this is about not serving names it does not own."""
+
+    def __init__(self, app: ASGIApp, *, hosts: list[str]) -> None:
+        self.app = app
+        self._hosts = {h.lower() for h in hosts}
+        self._any = "*" in self._hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._any or scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        host = next((v for k, v in scope["headers"] if k == b"host"), b"").decode("latin-1")
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        if name.lower() in self._hosts:
+            await self.app(scope, receive, send)
+            return
+        body = (
+            b'{"error":{"message":"This host name is not served here.",'
+            b'"type":"invalid_request_error","param":null,"code":"invalid_host"}}'
+        )
+        await send({"type": "http.response.start", "status": 400,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body})

@@ -54,3 +54,13 @@ async def test_client_errors_of_both_layers_share_one_shape(gateway: Gateway) ->
         "/v1/chat/completions", headers=tenant.headers, json={"model": "tiny"}
     )
     assert r.status_code == 400 and _error(r.json())["param"] == "messages"
+
+
+async def test_no_redirect_is_built_from_the_host_header(gateway: Gateway) -> None:
+    tenant = await gateway.tenant()
+    for path in ("/v1/chat/completions/", "/v1/models/", "/admin/v1/tenants/", "/health/"):
+        r = await gateway.client.get(
+            path, headers={**tenant.headers, "host": "evil.example"}, follow_redirects=False
+        )
+        assert r.status_code < 300 or r.status_code >= 400, (path, r.status_code)
+        assert "evil.example" not in r.headers.get("location", ""), path
