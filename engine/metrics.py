@@ -6,7 +6,6 @@ latency histograms are observed by the server when a request finishes.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -14,12 +13,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from engine.outputs import EngineStats, FinishReason, LoRAStats, RequestOutput
+from engine.protocol.labels import tenant_label
 
 # Bounded label cardinality: the busiest tenants by served tokens get their own series, the
 # rest are summed into OTHER_TENANT.
 MAX_TENANT_LABELS = 50
 OTHER_TENANT = "other"
-NO_TENANT = "none"
 
 # vLLM's buckets, so dashboards built for vLLM read the same.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -37,13 +36,6 @@ def priority_band(priority: int) -> str:
     if priority < 0:
         return "lt0"
     return "0" if priority == 0 else "gt0"
-
-
-def tenant_label(key: str) -> str:
-    """A short digest: fairness keys fall back to cache salts, which never appear in clear."""
-    if not key:
-        return NO_TENANT
-    return "t_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def bounded_tenant_series(served: dict[str, int]) -> list[tuple[str, int]]:

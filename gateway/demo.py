@@ -86,7 +86,6 @@ def demo_settings(model: Path, state_dir: Path) -> GatewaySettings | None:
         database_url=f"sqlite+aiosqlite:///{(state_dir / 'loragate.db').resolve()}",
         adapter_store_dir=state_dir / "adapters",
         auto_migrate=True,
-        demo=True,
         **demo_secrets(state_dir),
     )
 

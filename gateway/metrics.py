@@ -1,14 +1,19 @@
 """Prometheus metrics of the gateway, on a registry of its own (state on the app, never global).
 
-Labels are the tenant and the model only (plus a fixed set of rejection reasons). Both are
-bounded: a model label is a name that resolved (the base model or a visible adapter) or
-`unknown`; past `max_*` distinct values, further ones collapse into `other`. So no client can
-grow /metrics by sending random model names or by creating tenants.
+Labels are the tenant and the model only (plus a fixed set of rejection reasons), and both are
+bounded, so no client can grow /metrics by sending random model names or creating tenants:
+- the tenant is a digest of its id (`engine.protocol.tenant_label`, the engine's label for the
+  same tenant), never the id; past `max_tenants` distinct tenants, further ones are `other`;
+- a model label is a name that resolved (the base model or an adapter the tenant may use) or
+  `unknown`; each tenant has its own bound of `max_models` names (its own adapters cannot push
+  other tenants' models into `other`), past which its further ones are `other`.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from engine.protocol import tenant_label as hashed_tenant
 
 UNKNOWN = "unknown"
 OTHER = "other"
@@ -48,7 +53,9 @@ class GatewayMetrics:
     def __init__(self, *, max_tenants: int, max_models: int) -> None:
         self.registry = CollectorRegistry()
         self.tenant_label = BoundedLabel(max_tenants)
-        self.model_label = BoundedLabel(max_models)
+        self._max_models = max_models
+        # tenant label -> its model names; at most max_tenants + 2 entries (other, no tenant).
+        self._model_labels: dict[str, BoundedLabel] = {}
         labels = ["tenant", "model"]
         r = self.registry
         self.requests = Counter(
@@ -83,10 +90,11 @@ class GatewayMetrics:
         )  # fmt: skip
 
     def labels(self, tenant: str | None, model: str | None) -> tuple[str, str]:
-        return (
-            self.tenant_label(tenant) if tenant else NO_TENANT,
-            self.model_label(model) if model else UNKNOWN,
-        )
+        tenant_label = self.tenant_label(hashed_tenant(tenant)) if tenant else NO_TENANT
+        models = self._model_labels.get(tenant_label)
+        if models is None:
+            models = self._model_labels[tenant_label] = BoundedLabel(self._max_models)
+        return tenant_label, models(model) if model else UNKNOWN
 
     def reject(self, tenant: str | None, model: str | None, code: str | None) -> None:
         reason = code if code in REJECTION_REASONS else OTHER

@@ -130,14 +130,31 @@ def schema_ready(settings: GatewaySettings) -> bool:
     return True
 
 
+def workers_refusal(settings: GatewaySettings, workers: int) -> str | None:
+    """Why `workers` processes cannot serve these settings (None: they can)."""
+    if workers <= 1:
+        return None
+    if settings.engine_mode == "inprocess":
+        return "--workers > 1 needs LORAGATE_ENGINE_MODE=http (each worker would load the model)"
+    if settings.quota_store == "inprocess":
+        return (
+            "--workers > 1 needs LORAGATE_QUOTA_STORE=redis (an in-process store would count "
+            "every limit per worker, letting a tenant through N times)"
+        )
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     settings = load_settings()
-    if settings is None or not metrics_guarded(settings, args.host) or not schema_ready(settings):
+    if settings is None or not metrics_guarded(settings, args.host):
+        return 2
+    refusal = workers_refusal(settings, args.workers)
+    if refusal is not None:
+        print(f"loragate serve: {refusal}", file=sys.stderr)
+        return 2
+    if not schema_ready(settings):
         return 2
     if args.workers > 1:
-        if settings.engine_mode == "inprocess":
-            print("--workers > 1 needs LORAGATE_ENGINE_MODE=http", file=sys.stderr)
-            return 2
         import uvicorn
 
         uvicorn.run(

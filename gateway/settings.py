@@ -80,12 +80,10 @@ class GatewaySettings(TenancySettings):
     usage_batch_size: int = Field(default=256, ge=1)
     usage_max_pending: int = Field(default=100_000, ge=1)
     max_metric_tenants: int = Field(default=500, ge=1)
-    max_metric_models: int = Field(default=100, ge=1)
+    max_metric_models: int = Field(default=100, ge=1)  # per tenant
     metrics_token: SecretStr | None = None
     # Upgrade the database schema to head at start-up (the embedded default and the demo).
     auto_migrate: bool = False
-    # The demo writes its generated secrets here; anywhere else they come from the environment.
-    demo: bool = False
 
     @field_validator("engine_urls")
     @classmethod

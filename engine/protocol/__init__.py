@@ -1,7 +1,8 @@
-"""The tokens-only wire schema (spec/tokens-api.md), shared by the engine server and the
+"""The tokens-only wire schema (docs/tokens-api.md), shared by the engine server and the
 gateway's engine clients. Pure pydantic; `requests` parses, `responses` renders."""
 
 from engine.errors import InvalidRequestError
+from engine.protocol.labels import tenant_label
 from engine.protocol.requests import (
     INT64_MAX,
     INT64_MIN,
@@ -76,6 +77,7 @@ __all__ = [
     "render_prompt_logprobs",
     "sse_event",
     "sse_json",
+    "tenant_label",
     "to_engine_request",
     "to_sampling_params",
     "wait_for_disconnect",

@@ -15,6 +15,7 @@ import yaml
 
 from gateway.cli import build_parser
 from gateway.metrics import GatewayMetrics
+from gateway.serve import metrics_guarded
 from gateway.settings import GatewaySettings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -42,6 +43,7 @@ def test_compose_gateway_environment_is_valid_settings(
         "LORAGATE_KEY_PEPPER": secrets.token_urlsafe(32),
         "LORAGATE_SALT_SECRET": secrets.token_urlsafe(32),
         "LORAGATE_ENGINE_ADMIN_TOKEN": secrets.token_urlsafe(16),
+        "LORAGATE_METRICS_TOKEN": secrets.token_urlsafe(16),
     })  # fmt: skip
     for name, value in env.items():
         monkeypatch.setenv(name, value.replace("${POSTGRES_PASSWORD}", "pw"))
@@ -57,12 +59,24 @@ def test_compose_gateway_environment_is_valid_settings(
     }
     assert targets["loragate-engine"] == engines
     assert targets["loragate-gateway"] == {"gateway:8000"}
+    # The gateway listens beyond loopback: it starts only with a metrics token, and Prometheus
+    # sends it from the file the compose file mounts.
+    command = compose["services"]["gateway"]["command"]
+    assert "LORAGATE_METRICS_TOKEN" in compose["services"]["gateway"]["environment"]
+    assert metrics_guarded(settings, command[command.index("--host") + 1])
+    job = next(j for j in prometheus["scrape_configs"] if j["job_name"] == "loragate-gateway")
+    token_file = job["authorization"]["credentials_file"]
+    mounts = compose["services"]["prometheus"]["volumes"]
+    assert any(m.split(":")[1] == token_file for m in mounts)
 
 
 def test_helm_commands_parse() -> None:
     templates = DEPLOY / "helm/loragate/templates"
     gateway = (templates / "gateway.yaml").read_text()
     assert '"serve", "--host", "0.0.0.0", "--port"' in gateway
+    # Beyond loopback the gateway needs its metrics token: the secret's env carries it.
+    assert 'include "loragate.secretEnv"' in gateway
+    assert "name: LORAGATE_METRICS_TOKEN" in (templates / "_helpers.tpl").read_text()
     build_parser().parse_args(["serve", "--host", "0.0.0.0", "--port", "8000", "--workers", "4"])
     build_parser().parse_args(["engine", "--model", "/models/tiny", "--served-model-name", "tiny",
                                "--host", "0.0.0.0", "--port", "8100"])  # fmt: skip

@@ -121,3 +121,26 @@ async def test_a_client_that_leaves_is_reported_to_the_run_at_once() -> None:
     finally:
         producer.cancel()
     assert source.num_gone_calls >= 1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needs"),
+    [
+        ({}, "LORAGATE_ENGINE_MODE=http"),
+        ({"engine_mode": "http", "engine_urls": ["http://e:8100"]}, "LORAGATE_QUOTA_STORE=redis"),
+    ],
+)
+def test_workers_need_an_http_engine_and_a_shared_quota_store(
+    tiny_model_dir: Path, overrides: dict[str, Any], needs: str
+) -> None:
+    from gateway.serve import workers_refusal
+
+    settings = _settings(tiny_model_dir, **overrides)
+    assert workers_refusal(settings, 1) is None
+    refusal = workers_refusal(settings, 4)
+    assert refusal is not None and needs in refusal
+    shared = _settings(
+        tiny_model_dir, engine_mode="http", engine_urls=["http://e:8100"],
+        quota_store="redis", redis_url="redis://r:6379/0",
+    )  # fmt: skip
+    assert workers_refusal(shared, 4) is None

@@ -9,4 +9,6 @@
   valueFrom: {secretKeyRef: {name: {{ .Values.existingSecret }}, key: salt-secret}}
 - name: LORAGATE_ENGINE_ADMIN_TOKEN
   valueFrom: {secretKeyRef: {name: {{ .Values.existingSecret }}, key: engine-admin-token}}
+- name: LORAGATE_METRICS_TOKEN
+  valueFrom: {secretKeyRef: {name: {{ .Values.existingSecret }}, key: metrics-token}}
 {{- end -}}
