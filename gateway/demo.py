@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import os
-import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,8 +34,11 @@ from tenancy.models import Adapter, ApiKey, Tenant
 from tenancy.principal import AuditContext, Principal
 from tenancy.schemas import ApiKeyCreate, QuotaLimitsIn, TenantCreate
 from tenancy.scopes import Scope
+from tenancy.state_dir import state_settings
 
 DEMO_TENANT = "demo"
+# The name of the key each start prints (and the next start revokes).
+DEMO_KEY_NAME = "demo-printed-key"
 DEMO_ADAPTERS = ("pirate", "poet")  # random weights: the names only tell them apart
 DEMO_MODEL_NAME = "tiny"
 DEMO_CTX = AuditContext(
@@ -63,30 +64,12 @@ def add_subcommands(subparsers: Any) -> None:
     demo.set_defaults(handler=_demo)
 
 
-def demo_secrets(state_dir: Path) -> dict[str, str]:
-    """Generated once and kept (0600), so keys stay valid across demo restarts."""
-    path = state_dir / "secrets.env"
-    if not path.exists():
-        state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"LORAGATE_KEY_PEPPER={secrets.token_urlsafe(32)}\n")
-            f.write(f"LORAGATE_SALT_SECRET={secrets.token_urlsafe(32)}\n")
-    values = {}
-    for line in path.read_text().splitlines():
-        name, _, value = line.partition("=")
-        values[name.removeprefix("LORAGATE_").lower()] = value
-    return values
-
-
 def demo_settings(model: Path, state_dir: Path) -> GatewaySettings | None:
     return load_settings(
         model=model,
         served_model_name=DEMO_MODEL_NAME,
-        database_url=f"sqlite+aiosqlite:///{(state_dir / 'loragate.db').resolve()}",
-        adapter_store_dir=state_dir / "adapters",
         auto_migrate=True,
-        **demo_secrets(state_dir),
+        **state_settings(state_dir, create=True),
     )
 
 
@@ -112,8 +95,13 @@ async def prepare(settings: GatewaySettings) -> str:
                 )
                 await put_policy(session, ctx=DEMO_CTX, tenant_id=tenant.id, limits=DEMO_LIMITS)
             now = dt.datetime.now(dt.UTC)
+            # Only the key a previous start printed: keys an operator made for the tenant stay.
             old = await session.scalars(
-                select(ApiKey.id).where(ApiKey.tenant_id == tenant.id, ApiKey.revoked_at.is_(None))
+                select(ApiKey.id).where(
+                    ApiKey.tenant_id == tenant.id,
+                    ApiKey.name == DEMO_KEY_NAME,
+                    ApiKey.revoked_at.is_(None),
+                )
             )
             for key_id in list(old.all()):
                 await revoke_key(session, ctx=DEMO_CTX, tenant_id=tenant.id, key_id=key_id, now=now)
@@ -122,7 +110,7 @@ async def prepare(settings: GatewaySettings) -> str:
                 ctx=DEMO_CTX,
                 minter=minter,
                 tenant_id=tenant.id,
-                data=ApiKeyCreate(name="demo", scopes=[Scope.INFERENCE]),
+                data=ApiKeyCreate(name=DEMO_KEY_NAME, scopes=[Scope.INFERENCE]),
                 now=now,
             )
             await add_demo_adapters(session, settings, tenant.id)

@@ -16,26 +16,49 @@ from tenancy.errors import ClientError
 from tenancy.keys import KeyMinter
 from tenancy.migrate import upgrade
 from tenancy.settings import TenancySettings
+from tenancy.state_dir import SECRETS_FILE, NoStateDir, state_settings
+
+STATE_HELP = (
+    "a state directory (the demo's is .cache/demo): its secrets and SQLite database instead of "
+    "the LORAGATE_* environment"
+)
+# Where `make run` keeps its state, for the hint when secrets are missing.
+DEMO_STATE = ".cache/demo"
 
 
 def add_subcommands(subparsers: Any) -> None:
     admin = subparsers.add_parser("admin", help="tenancy administration")
     commands = admin.add_subparsers(dest="admin_command", required=True)
     migrate = commands.add_parser("migrate", help="upgrade the database schema to head")
+    migrate.add_argument("--dir", type=Path, default=None, help=STATE_HELP)
     migrate.set_defaults(handler=_migrate)
     boot = commands.add_parser(
         "bootstrap", help="migrate, then create the first admin key and print it once"
     )
     boot.add_argument("--force", action="store_true", help="create one even if one exists")
+    boot.add_argument("--dir", type=Path, default=None, help=STATE_HELP)
     boot.set_defaults(handler=_bootstrap)
 
 
-def _settings() -> TenancySettings | None:
+def _settings(state_dir: Path | None) -> TenancySettings | None:
+    """From the environment, or from a state directory; on a problem, say what and where."""
     try:
-        return TenancySettings()  # type: ignore[call-arg]  # secrets come from the environment
+        values = {} if state_dir is None else state_settings(state_dir, create=False)
+        return TenancySettings(**values)  # type: ignore[arg-type]
+    except NoStateDir as exc:
+        print(f"loragate admin: {exc}", file=sys.stderr)
+        return None
     except ValidationError as exc:
-        names = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors())
-        print(f"invalid settings (LORAGATE_*): {names}", file=sys.stderr)
+        names = [".".join(str(p) for p in e["loc"]) for e in exc.errors()]
+        print(f"invalid settings (LORAGATE_*): {', '.join(names)}", file=sys.stderr)
+        if state_dir is None and {"key_pepper", "salt_secret"} & set(names):
+            print(
+                "  LORAGATE_KEY_PEPPER and LORAGATE_SALT_SECRET must be set, with the same "
+                "values the gateway uses. For the demo's state, pass "
+                f"--dir {DEMO_STATE} (the demo keeps them in {DEMO_STATE}/{SECRETS_FILE}, "
+                "next to its database).",
+                file=sys.stderr,
+            )
         return None
 
 
@@ -56,7 +79,7 @@ async def _migrate_async(settings: TenancySettings) -> None:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    settings = _settings()
+    settings = _settings(args.dir)
     if settings is None:
         return 2
     asyncio.run(_migrate_async(settings))
@@ -84,7 +107,7 @@ async def _bootstrap_async(settings: TenancySettings, force: bool) -> str:
 
 
 def _bootstrap(args: argparse.Namespace) -> int:
-    settings = _settings()
+    settings = _settings(args.dir)
     if settings is None:
         return 2
     try:

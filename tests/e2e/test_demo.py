@@ -3,6 +3,8 @@ the curl line and the OpenAI SDK snippet it prints work exactly as printed."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -10,10 +12,22 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import pytest
 from gateway_process import BIN, free_port
+from sqlalchemy import select
+
+from tenancy.crud.keys import create_key
+from tenancy.db import make_engine, make_sessionmaker
+from tenancy.keys import KeyMinter
+from tenancy.models import Tenant
+from tenancy.principal import AuditContext, Principal
+from tenancy.schemas import ApiKeyCreate
+from tenancy.scopes import Scope
+from tenancy.settings import TenancySettings
+from tenancy.state_dir import state_settings
 
 
 def _block(text: str, heading: str) -> str:
@@ -29,10 +43,38 @@ def _block(text: str, heading: str) -> str:
     return textwrap.dedent("\n".join(block))
 
 
+class Demo(NamedTuple):
+    banner: str
+    old_key: str
+    err_path: Path
+    admin_key: str
+    operator_key: str
+
+
+async def _operator_key(state: Path) -> str:
+    """A key for the demo tenant made as an operator would (not by the demo)."""
+    settings = TenancySettings(**state_settings(state, create=False))  # type: ignore[arg-type]
+    engine = make_engine(settings.database_url)
+    try:
+        async with make_sessionmaker(engine)() as session:
+            tenant = (await session.scalars(select(Tenant).where(Tenant.name == "demo"))).one()
+            created = await create_key(
+                session,
+                ctx=AuditContext(principal=Principal(subject="test", tenant_id=None,
+                                                     scopes=frozenset({Scope.ADMIN}))),
+                minter=KeyMinter(prefix=settings.key_prefix,
+                                 pepper=settings.key_pepper.get_secret_value().encode()),
+                tenant_id=tenant.id,
+                data=ApiKeyCreate(name="operator", scopes=[Scope.INFERENCE]),
+                now=dt.datetime.now(dt.UTC),
+            )  # fmt: skip
+        return created.key
+    finally:
+        await engine.dispose()
+
+
 @pytest.fixture(scope="module")
-def demo(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, str, Path]]:
+def demo(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     state = tmp_path_factory.mktemp("demo")
     first = subprocess.run(
         [str(BIN / "loragate"), "demo", "--model", str(tiny_model_dir), "--dir", str(state),
@@ -40,6 +82,15 @@ def demo(
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     old_key = first.stdout.split("shown once", 1)[1].split()[-1]
+    # `loragate admin bootstrap --dir` works against the demo's own state (its secrets and
+    # database), and a key an operator made for the demo tenant survives the next start.
+    boot = subprocess.run(
+        [str(BIN / "loragate"), "admin", "bootstrap", "--dir", str(state)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert boot.returncode == 0, boot.stderr
+    admin_key = boot.stdout.strip().splitlines()[-1]
+    operator_key = asyncio.run(_operator_key(state))
     port = free_port()
     out_path, err_path = state / "stdout.txt", state / "stderr.txt"
     with open(out_path, "w") as out, open(err_path, "w") as err:
@@ -59,7 +110,7 @@ def demo(
                 pass
             assert time.monotonic() < deadline
             time.sleep(0.3)
-        yield out_path.read_text(), old_key, err_path
+        yield Demo(out_path.read_text(), old_key, err_path, admin_key, operator_key)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -68,10 +119,11 @@ def demo(
     key = _block(banner, "shown once").split()[-1]
     assert key not in err_path.read_text()
     assert banner.count(key) >= 1
+    assert admin_key not in err_path.read_text()
 
 
-def test_the_printed_curl_line_works(demo: tuple[str, str, Path]) -> None:
-    banner, _, _ = demo
+def test_the_printed_curl_line_works(demo: Demo) -> None:
+    banner = demo.banner
     curl = _block(banner, "Try it with curl:")
     assert curl.startswith("curl ")
     done = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=120)
@@ -81,8 +133,8 @@ def test_the_printed_curl_line_works(demo: tuple[str, str, Path]) -> None:
     assert reply["choices"][0]["message"]["content"]
 
 
-def test_the_printed_sdk_snippet_works(demo: tuple[str, str, Path]) -> None:
-    banner, _, _ = demo
+def test_the_printed_sdk_snippet_works(demo: Demo) -> None:
+    banner = demo.banner
     snippet = _block(banner, "Or with the OpenAI SDK (Python):")
     assert "from openai import OpenAI" in snippet
     done = subprocess.run(
@@ -92,15 +144,33 @@ def test_the_printed_sdk_snippet_works(demo: tuple[str, str, Path]) -> None:
     assert done.stdout.strip()
 
 
-def test_a_restart_revokes_the_previous_demo_key(demo: tuple[str, str, Path]) -> None:
-    banner, old_key, _ = demo
-    base = _block(banner, "Or with the OpenAI SDK (Python):").split('base_url="')[1].split('"')[0]
-    r = httpx.get(base + "/models", headers={"authorization": f"Bearer {old_key}"}, timeout=30)
-    assert r.status_code == 401
+def test_a_restart_revokes_only_the_previous_demo_key(demo: Demo) -> None:
+    base = _block(demo.banner, "Or with the OpenAI SDK (Python):").split('base_url="')[1]
+    base = base.split('"')[0]
+
+    def models(key: str) -> int:
+        return httpx.get(
+            base + "/models", headers={"authorization": f"Bearer {key}"}, timeout=30
+        ).status_code
+
+    assert models(demo.old_key) == 401
+    assert models(demo.operator_key) == 200  # an operator's key of the demo tenant survives
 
 
-def test_the_demo_adapters_are_listed_and_usable(demo: tuple[str, str, Path]) -> None:
-    banner, _, _ = demo
+def test_admin_bootstrap_with_dir_uses_the_demo_state(demo: Demo) -> None:
+    base = _block(demo.banner, "Or with the OpenAI SDK (Python):").split('base_url="')[1]
+    root = base.split('"')[0].removesuffix("/v1")
+    r = httpx.get(
+        root + "/admin/v1/tenants",
+        headers={"authorization": f"Bearer {demo.admin_key}"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    assert "demo" in {t["name"] for t in r.json()}
+
+
+def test_the_demo_adapters_are_listed_and_usable(demo: Demo) -> None:
+    banner = demo.banner
     snippet = _block(banner, "Or with the OpenAI SDK (Python):")
     base = snippet.split('base_url="')[1].split('"')[0]
     key = snippet.split('api_key="')[1].split('"')[0]
