@@ -1,5 +1,5 @@
 """The engine stand-in of `bench/gateway_overhead.py`: a BENCHMARK FIXTURE ONLY, never a test
-double. It answers the tokens-only protocol (spec/tokens-api.md) instantly, with `max_tokens`
+double. It answers the tokens-only protocol (docs/tokens-api.md) instantly, with `max_tokens`
 copies of one token, so the benchmark measures the gateway's own cost. A raw asyncio HTTP/1.1
 server, so the stand-in itself costs next to nothing.
 """

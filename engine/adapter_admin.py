@@ -73,6 +73,16 @@ async def unload(engine: AsyncEngine, name: str) -> None:
         await asyncio.sleep(UNLOAD_POLL_S)
 
 
+async def unload_if_present(engine: AsyncEngine, name: str) -> bool:
+    """`unload`, or False at once when the engine does not hold `name` (or runs no LoRA)."""
+    held = await engine.run_in_loop(
+        lambda e: e.lora is not None and e.lora.registry.get(name) is not None
+    )
+    if held:
+        await unload(engine, name)
+    return held
+
+
 async def list_models(engine: AsyncEngine, *, created: int) -> list[dict[str, Any]]:
     adapters = await engine.run_in_loop(lambda e: [] if e.lora is None else e.lora.describe())
     base = {

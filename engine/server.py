@@ -1,4 +1,4 @@
-"""The engine's HTTP server: vLLM's tokens-only protocol (spec/tokens-api.md), health, metrics.
+"""The engine's HTTP server: vLLM's tokens-only protocol (docs/tokens-api.md), health, metrics.
 
 The only engine module that imports FastAPI. Routes stay thin: parse with engine.protocol, call
 the AsyncEngine, shape the response; every EngineError becomes its HTTP status in one handler.

@@ -1,5 +1,10 @@
 """The demo's LoRA adapters: PEFT-format directories with seeded random weights, written without
-torch (numpy + safetensors), registered through the same validation as an admin upload."""
+torch (numpy + safetensors), registered through the same validation as an admin upload.
+
+Shapes come from the served checkpoint (its config.json, through the settings' `base_model` or
+`write_demo_adapter`'s model directory) and the tensor names and shapes from the adapter format
+the engine loads with, so every adapter made here is one the demo serves.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,9 @@ import numpy as np
 from safetensors.numpy import save
 
 from tenancy.adapters.archive import UploadedFile
-from tenancy.adapters.validation import module_dims
+from tenancy.adapters.base_model import LORA_MODULES, base_model_spec, lora_tensor_shapes
 from tenancy.settings import BaseModelSpec
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_PARENT = {m: "self_attn" if m.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
-           for m in TARGETS}  # fmt: skip
 # B's scale: large enough that a random adapter visibly changes what the tiny model writes.
 B_STD = 0.2
 
@@ -24,20 +26,19 @@ def demo_adapter_files(base: BaseModelSpec, *, seed: int, rank: int = 8) -> list
     """adapter_config.json and adapter_model.safetensors of one all-linear LoRA adapter."""
     rng = np.random.default_rng(seed)
     tensors: dict[str, np.ndarray] = {}
-    for layer in range(base.num_hidden_layers):
-        for module in TARGETS:
-            d_in, d_out = module_dims(base, module)
-            prefix = f"base_model.model.model.layers.{layer}.{_PARENT[module]}.{module}"
-            a = rng.uniform(-1, 1, size=(rank, d_in)) / np.sqrt(d_in)  # [rank, in]
-            b = rng.normal(0.0, B_STD, size=(d_out, rank))  # [out, rank]
-            tensors[f"{prefix}.lora_A.weight"] = a.astype(np.float32)
-            tensors[f"{prefix}.lora_B.weight"] = b.astype(np.float32)
+    for name, shape in lora_tensor_shapes(base, rank=rank).items():
+        if name.endswith(".lora_A.weight"):
+            d_in = shape[1]
+            values = rng.uniform(-1, 1, size=shape) / np.sqrt(d_in)  # [rank, in]
+        else:
+            values = rng.normal(0.0, B_STD, size=shape)  # [out, rank]
+        tensors[name] = values.astype(np.float32)
     config = {
         "peft_type": "LORA",
         "base_model_name_or_path": base.name,
         "r": rank,
         "lora_alpha": 2 * rank,
-        "target_modules": list(TARGETS),
+        "target_modules": list(LORA_MODULES),
         "bias": "none",
         "task_type": "CAUSAL_LM",
     }
@@ -47,7 +48,12 @@ def demo_adapter_files(base: BaseModelSpec, *, seed: int, rank: int = 8) -> list
     ]
 
 
-def write_demo_adapter(out: Path, base: BaseModelSpec, *, seed: int, rank: int = 8) -> Path:
+def write_demo_adapter(
+    out: Path, model_dir: Path, *, name: str | None = None, seed: int, rank: int = 8
+) -> Path:
+    """A demo adapter for the checkpoint in `model_dir` (served as `name`, by default the
+    directory's name), written as a PEFT directory under `out`."""
+    base = base_model_spec(model_dir, name or Path(model_dir).resolve().name)
     out.mkdir(parents=True, exist_ok=True)
     for upload in demo_adapter_files(base, seed=seed, rank=rank):
         (out / upload.filename).write_bytes(upload.data)

@@ -64,6 +64,9 @@ class TtlCache(Generic[K, V]):
     def invalidate(self, key: K) -> None:
         self._entries.pop(key, None)
 
+    def clear(self) -> None:
+        self._entries.clear()
+
 
 @dataclass(frozen=True)
 class TenantContext:
@@ -164,6 +167,11 @@ class PolicyService:
             return visible
 
         return await self._adapters.get(ctx.tenant_id, load, max_age_s=max_age_s)
+
+    def forget_adapters(self) -> None:
+        """An adapter was deleted: every tenant's list is read again (a public one is visible
+        to all). Other gateway processes catch up within `cache_ttl_s`."""
+        self._adapters.clear()
 
     async def resolve(self, ctx: TenantContext, model: str) -> ResolvedModel:
         """The base model, or an adapter visible to this tenant; anything else is a 404."""

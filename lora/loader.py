@@ -1,37 +1,33 @@
 """Read a PEFT LoRA adapter directory onto the CPU, checking everything before trusting it.
 
 `adapter_config.json` + `adapter_model.safetensors` only; a directory that holds pickle weights
-is refused outright. Each tensor is checked against the base model (layer, module, shape) and
-the per-module rank; the PEFT scale is folded into B, so serving computes x @ A.T @ B.T.
+is refused outright. Every format check (config, header, names, shapes, values) is the one in
+lora/adapter_format, which uploads run too; this module adds only the directory and the
+tensors. The PEFT scale is folded into B, so serving computes x @ A.T @ B.T.
 """
 
 from __future__ import annotations
 
-import re
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from lora.dims import BaseModelDims, module_key, parent_of
-from lora.errors import (
-    AdapterBaseModelError,
-    AdapterFormatError,
-    AdapterTensorError,
-    PickleRejectedError,
+from lora.adapter_format import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    FileSource,
+    PeftLoraConfig,
+    check_layout,
+    iter_lora_arrays,
 )
-from lora.peft_config import PeftLoraConfig, parse_peft_config, read_config_file
-from lora.safetensors_check import TensorEntry, read_header, read_tensor
+from lora.adapter_format.peft_config import MAX_CONFIG_BYTES
+from lora.dims import BaseModelDims
+from lora.errors import AdapterFormatError, PickleRejectedError
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MAX_PATH_LEN = 4096
-
-_TENSOR = re.compile(
-    r"^base_model\.model\.model\.layers\.(\d{1,6})\.(self_attn|mlp)\."
-    r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.lora_(A|B)(?:\.default)?\.weight$"
-)
 
 
 @dataclass(frozen=True)
@@ -89,6 +85,16 @@ def check_path(lora_path: object) -> Path:
     return path
 
 
+def read_config_file(path: Path) -> bytes:
+    if not path.is_file():
+        raise AdapterFormatError(f"the adapter has no {CONFIG_FILE}", param="lora_path")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise AdapterFormatError(
+            f"{CONFIG_FILE} is larger than {MAX_CONFIG_BYTES} bytes", param="lora_path"
+        )
+    return path.read_bytes()
+
+
 def load_adapter(lora_path: str, dims: BaseModelDims, limits: LoaderLimits) -> LoadedAdapter:
     """Validate and read an adapter; raises an AdapterError subclass naming the problem."""
     path = check_path(lora_path)
@@ -102,78 +108,26 @@ def load_adapter(lora_path: str, dims: BaseModelDims, limits: LoaderLimits) -> L
             "only adapter_model.safetensors is read",
             param="lora_path",
         )
-    config = parse_peft_config(
-        read_config_file(path / CONFIG_FILE), dims, max_rank=limits.max_lora_rank
-    )
+    config_json = read_config_file(path / CONFIG_FILE)
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
         raise AdapterFormatError(f"the adapter has no {WEIGHTS_FILE}", param="lora_path")
-    if weights.stat().st_size > limits.max_weights_bytes:
-        raise AdapterFormatError(
-            f"{WEIGHTS_FILE} is larger than {limits.max_weights_bytes} bytes", param="lora_path"
+    with weights.open("rb") as f:
+        source = FileSource(f, os.fstat(f.fileno()).st_size)
+        if source.size > limits.max_weights_bytes:
+            raise AdapterFormatError(
+                f"{WEIGHTS_FILE} is larger than {limits.max_weights_bytes} bytes",
+                param="lora_path",
+            )
+        layout = check_layout(
+            config_json,
+            source,
+            dims,
+            max_rank=limits.max_lora_rank,
+            max_header_bytes=limits.max_header_bytes,
         )
-    entries = read_header(weights, max_header_bytes=limits.max_header_bytes)
-    pairs = _pair_entries(entries, config, dims)
-    modules: dict[tuple[int, str], LoraWeights] = {}
-    for (layer, module), (entry_a, entry_b) in sorted(pairs.items()):
-        lora_a = read_tensor(weights, entry_a).to(torch.float32)  # [r, in]
-        lora_b = read_tensor(weights, entry_b).to(torch.float32)  # [out, r]
-        scale = config.module_scale(module_key(layer, module))
-        lora_b = lora_b * scale
-        if not (_in_range(lora_a) and _in_range(lora_b)):
-            raise AdapterTensorError(
-                f"layer {layer} {module}: LoRA weights (B times the scale) must be finite and "
-                f"within +-{MAX_WEIGHT_MAGNITUDE:g}"
-            )
-        modules[(layer, module)] = LoraWeights(lora_a.contiguous(), lora_b.contiguous())
-    return LoadedAdapter(max(w.rank for w in modules.values()), modules, config)
-
-
-# The float16 range: no model dtype turns an accepted weight into inf, which would make the
-# adapter answer NaN logits. Real LoRA weights are many orders of magnitude smaller; a clear
-# error at load beats garbage tokens later.
-MAX_WEIGHT_MAGNITUDE = 65504.0
-
-
-def _in_range(tensor: torch.Tensor) -> bool:
-    return bool(torch.isfinite(tensor).all()) and float(tensor.abs().max()) <= MAX_WEIGHT_MAGNITUDE
-
-
-def _pair_entries(
-    entries: dict[str, TensorEntry], config: PeftLoraConfig, dims: BaseModelDims
-) -> dict[tuple[int, str], tuple[TensorEntry, TensorEntry]]:
-    found: dict[tuple[int, str], dict[str, TensorEntry]] = {}
-    for name, entry in entries.items():
-        label = repr(name[:100])
-        match = _TENSOR.match(name)
-        if match is None:
-            raise AdapterTensorError(
-                f"unexpected tensor {label}: only LoRA A/B weights are allowed"
-            )
-        layer, parent, module, which = int(match[1]), match[2], match[3], match[4]
-        if parent != parent_of(module):
-            raise AdapterTensorError(f"tensor {label} names the wrong parent module")
-        if layer >= dims.num_layers:
-            raise AdapterBaseModelError(
-                f"tensor {label} targets layer {layer}; the base model has {dims.num_layers} layers"
-            )
-        if module not in config.target_modules:
-            raise AdapterTensorError(f"tensor {label} targets a module not in target_modules")
-        rank = config.module_rank(module_key(layer, module))
-        d_in, d_out = dims.in_out(module)
-        expected = (rank, d_in) if which == "A" else (d_out, rank)
-        if entry.shape != expected:
-            raise AdapterBaseModelError(
-                f"tensor {label} has shape {list(entry.shape)}; the base model and rank "
-                f"{rank} need {list(expected)}"
-            )
-        slot = found.setdefault((layer, module), {})
-        if which in slot:
-            raise AdapterTensorError(f"tensor {label} appears twice")
-        slot[which] = entry
-    if not found:
-        raise AdapterTensorError(f"{WEIGHTS_FILE} holds no LoRA weights")
-    for (layer, module), pair in found.items():
-        if set(pair) != {"A", "B"}:
-            raise AdapterTensorError(f"layer {layer} {module}: lora_A and lora_B are unpaired")
-    return {key: (pair["A"], pair["B"]) for key, pair in found.items()}
+        modules = {
+            (w.layer, w.module): LoraWeights(torch.from_numpy(w.lora_a), torch.from_numpy(w.lora_b))
+            for w in iter_lora_arrays(source, layout)
+        }
+    return LoadedAdapter(layout.rank, modules, layout.config)

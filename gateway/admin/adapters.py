@@ -6,7 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, UploadFile, status
 
-from gateway.admin.deps import AuditDep, PrincipalDep, RuntimeDep, SessionDep
+from gateway.admin.deps import (
+    AdapterRemovalDep,
+    AuditDep,
+    PrincipalDep,
+    RuntimeDep,
+    SessionDep,
+)
 from tenancy.adapters.archive import UploadedFile
 from tenancy.adapters.errors import AdapterRejected
 from tenancy.crud import adapters as crud
@@ -72,8 +78,14 @@ async def get_adapter(
 
 @router.delete("/tenants/{tenant_id}/adapters/{adapter_id}", status_code=status.HTTP_204_NO_CONTENT)
 async def delete_adapter(
-    tenant_id: str, adapter_id: str, session: SessionDep, ctx: AuditDep, runtime: RuntimeDep
+    tenant_id: str,
+    adapter_id: str,
+    session: SessionDep,
+    ctx: AuditDep,
+    runtime: RuntimeDep,
+    removal: AdapterRemovalDep,
 ) -> None:
-    await crud.delete_adapter(
+    engine_name = await crud.delete_adapter(
         session, ctx=ctx, service=runtime.adapters, tenant_id=tenant_id, adapter_id=adapter_id
     )
+    removal.removed([engine_name])

@@ -9,6 +9,7 @@ from fastapi import Depends, Header, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.middleware import sane_request_id
+from gateway.state import GatewayState
 from tenancy.admin_auth import authenticate
 from tenancy.principal import AuditContext, Principal
 from tenancy.runtime import TenancyRuntime
@@ -28,6 +29,28 @@ async def get_session(runtime: RuntimeDep) -> AsyncIterator[AsyncSession]:
 
 
 SessionDep = Annotated[AsyncSession, Depends(get_session)]
+
+
+class AdapterRemoval:
+    """What deleting adapters must tell the serving side: its cached adapter lists are stale,
+    and no engine may keep the adapters (their files are gone)."""
+
+    def __init__(self, state: GatewayState | None) -> None:
+        self._state = state  # None where the admin routers run without the gateway
+
+    def removed(self, engine_names: list[str]) -> None:
+        if self._state is None or not engine_names:
+            return
+        self._state.policy.forget_adapters()
+        for name in engine_names:
+            self._state.engine.start_unload(name)
+
+
+def get_adapter_removal(request: Request) -> AdapterRemoval:
+    return AdapterRemoval(getattr(request.app.state, "gateway", None))
+
+
+AdapterRemovalDep = Annotated[AdapterRemoval, Depends(get_adapter_removal)]
 
 
 async def get_principal(

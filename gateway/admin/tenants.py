@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
-from gateway.admin.deps import AuditDep, PrincipalDep, RuntimeDep, SessionDep
+from gateway.admin.deps import (
+    AdapterRemovalDep,
+    AuditDep,
+    PrincipalDep,
+    RuntimeDep,
+    SessionDep,
+)
 from tenancy.crud import tenants as crud
 from tenancy.schemas import TenantCreate, TenantOut, TenantUpdate
 
@@ -44,10 +50,17 @@ async def update_tenant(
 
 @router.delete("/{tenant_id}", status_code=status.HTTP_204_NO_CONTENT)
 async def delete_tenant(
-    tenant_id: str, session: SessionDep, ctx: AuditDep, runtime: RuntimeDep
+    tenant_id: str,
+    session: SessionDep,
+    ctx: AuditDep,
+    runtime: RuntimeDep,
+    removal: AdapterRemovalDep,
 ) -> None:
-    await crud.delete_tenant(session, ctx=ctx, tenant_id=tenant_id)
+    adapters = await crud.delete_tenant(
+        session, ctx=ctx, tenant_id=tenant_id, service=runtime.adapters
+    )
     await runtime.keys.invalidate(tenant_id=tenant_id)
+    removal.removed(adapters)  # its adapters' files went with it
 
 
 @router.post("/{tenant_id}/salt/rotate", response_model=TenantOut)

@@ -51,6 +51,11 @@ class EngineClient(Protocol):
         """Submit the request (loading `adapter` where it runs, if needed)."""
         ...
 
+    def start_unload(self, engine_name: str) -> None:
+        """Drop the adapter from every engine that holds it (its files are gone): new requests
+        for it are refused there at once, running ones finish first, in the background."""
+        ...
+
     async def check_ready(self) -> dict[str, bool]:
         """Readiness per engine (or replica)."""
         ...

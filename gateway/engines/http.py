@@ -184,7 +184,8 @@ class HttpEngineClient:
             ),
         )
         self._poller: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()  # aborts: short, awaited at close
+        self._unloads: set[asyncio.Task[None]] = set()  # may wait on long requests: cancelled
 
     @classmethod
     def from_settings(
@@ -219,8 +220,10 @@ class HttpEngineClient:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        for task in self._unloads:
+            task.cancel()
+        if self._background or self._unloads:
+            await asyncio.gather(*self._background, *self._unloads, return_exceptions=True)
         for pool in self._pools:
             pool.close()
         await self._http.aclose()
@@ -255,6 +258,27 @@ class HttpEngineClient:
         if replica.healthy:  # by name, never the URL; the poller brings it back on /health
             log.warning("engine replica %s failed; marked unhealthy", replica.name)
         replica.healthy = False
+
+    def start_unload(self, engine_name: str) -> None:
+        for replica in self.replicas:
+            replica.adapters.pop(engine_name, None)
+            task = asyncio.create_task(self._unload(replica, engine_name))
+            self._unloads.add(task)
+            task.add_done_callback(self._unloads.discard)
+
+    async def _unload(self, replica: Replica, engine_name: str) -> None:
+        try:
+            r = await self._http.post(
+                replica.url + "/v1/unload_lora_adapter",
+                json={"lora_name": engine_name},
+                headers=self._admin_headers,
+                timeout=600.0,  # the engine answers once running requests have finished
+            )
+        except httpx.HTTPError as exc:
+            log.warning("unloading an adapter on %s failed: %s", replica.name, type(exc).__name__)
+            return
+        if r.status_code not in (200, 404):  # 404: that replica did not hold it
+            log.warning("replica %s refused an adapter unload (%d)", replica.name, r.status_code)
 
     def abort_later(self, replica: Replica, request_id: str) -> None:
         task = asyncio.create_task(self._abort(replica, request_id))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -98,6 +99,7 @@ class InProcessEngineClient:
         self.vocab_size = engine.vocab_size
         self._drain_timeout_s = drain_timeout_s
         self._loaded: dict[str, asyncio.Future[Any]] = {}
+        self._unloads: set[asyncio.Task[bool]] = set()
         self._limits = EngineLimits(
             vocab_size=engine.vocab_size,
             max_model_len=engine.max_model_len,
@@ -151,8 +153,21 @@ class InProcessEngineClient:
             await asyncio.shield(pending)
         except Exception as exc:  # lora's AdapterError (outside our import rules) or I/O
             self._loaded.pop(adapter.engine_name, None)
+            if not Path(adapter.path).exists():  # deleted since this gateway last listed it
+                raise ModelNotFound() from None
             log.error("loading an adapter failed with %s", type(exc).__name__)
             raise EngineFailed("The adapter could not be loaded.") from None
+
+    def start_unload(self, engine_name: str) -> None:
+        self._loaded.pop(engine_name, None)  # a later upload of the same id loads afresh
+        task = asyncio.create_task(adapter_admin.unload_if_present(self.engine, engine_name))
+        self._unloads.add(task)
+        task.add_done_callback(self._unload_done)
+
+    def _unload_done(self, task: asyncio.Task[bool]) -> None:
+        self._unloads.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("unloading an adapter failed with %s", type(task.exception()).__name__)
 
     async def check_ready(self) -> dict[str, bool]:
         return {INPROCESS: self.engine.is_healthy}
@@ -165,4 +180,6 @@ class InProcessEngineClient:
         registry.register(EngineStatsCollector(self.engine.stats, self.model_name))
 
     async def close(self) -> None:
+        for task in self._unloads:
+            task.cancel()
         await self.engine.shutdown(self._drain_timeout_s)

@@ -1,1 +1,2 @@
-"""Adapter uploads: archive and file checks, PEFT config and safetensors header checks, storage."""
+"""Adapter uploads: archive and file checks, the LoRA loader's own format checks
+(lora/adapter_format, torch-free) against the served base model, storage."""

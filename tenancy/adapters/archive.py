@@ -15,13 +15,12 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 
+from lora.adapter_format import CONFIG_FILE, WEIGHTS_FILE
 from tenancy.adapters.errors import AdapterRejected
 from tenancy.settings import AdapterLimits
 
-CONFIG = "adapter_config.json"
-WEIGHTS = "adapter_model.safetensors"
-ALLOWED = frozenset({CONFIG, WEIGHTS, "README.md"})
-REQUIRED = frozenset({CONFIG, WEIGHTS})
+ALLOWED = frozenset({CONFIG_FILE, WEIGHTS_FILE, "README.md"})
+REQUIRED = frozenset({CONFIG_FILE, WEIGHTS_FILE})
 _ARCHIVE_SUFFIXES = (".zip", ".tar.gz", ".tgz")
 
 

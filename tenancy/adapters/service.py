@@ -24,6 +24,7 @@ class AdapterService:
     def __init__(self, *, settings: TenancySettings, validator: AdapterValidator) -> None:
         self._root = Path(settings.adapter_store_dir)
         self._limits = settings.adapter_limits
+        self._base_model_name = settings.base_model.name
         self._validator = validator
 
     def check_name(self, name: str) -> str:
@@ -33,6 +34,10 @@ class AdapterService:
                 " or '-', starting with a letter or digit.",
                 param="name",
             )
+        if name == self._base_model_name:
+            # `model` picks the base model by this name first: such an adapter is unreachable,
+            # and /v1/models would list the name twice.
+            raise AdapterRejected("Adapter name is the base model's name.", param="name")
         return name
 
     def prepare(self, uploads: list[UploadedFile]) -> ValidatedAdapter:
@@ -59,4 +64,10 @@ class AdapterService:
     def remove(self, path: str | Path) -> None:
         target = Path(path).resolve()
         if self._root.resolve() in target.parents:
+            shutil.rmtree(target, ignore_errors=True)
+
+    def remove_owner(self, owner: str) -> None:
+        """Every adapter file of one tenant (its directory, leftovers of failed writes too)."""
+        target = (self._root / owner).resolve()
+        if target.parent == self._root.resolve() and owner != "public":
             shutil.rmtree(target, ignore_errors=True)

@@ -1,27 +1,39 @@
-"""The adapter validation seam. The LoRA loader (lora/loader.py) will provide a stronger
-validator; until then FormatChecksValidator runs the format checks. Both implement
-AdapterValidator, which the runtime takes as a parameter.
+"""Upload validation: the LoRA loader's own checks (lora/adapter_format), run on the upload in
+memory against the served base model, values included, before anything is written.
+
+`AdapterValidator` is the seam the runtime takes; `FormatChecksValidator` is the one used. The
+loader's AdapterError (a 400 naming the file, tensor, module or field) becomes AdapterRejected
+here, the one place the two meet.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from tenancy.adapters.archive import CONFIG, WEIGHTS
-from tenancy.adapters.errors import AdapterRejected
-from tenancy.adapters.peft_config import ATTENTION, LoraSpec, parse_adapter_config
-from tenancy.adapters.safetensors_header import TensorInfo, parse_header
-from tenancy.settings import BaseModelSpec, TenancySettings
-
-_TENSOR = re.compile(
-    r"^base_model\.model\.model\.layers\.(\d{1,6})\.(self_attn|mlp)\."
-    r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.lora_(A|B)\.weight$"
+from lora.adapter_format import (
+    CONFIG_FILE,
+    LORA_MODULES,
+    WEIGHTS_FILE,
+    AdapterError,
+    BytesSource,
+    check_adapter,
 )
-_FLOAT_DTYPES = frozenset({"F32", "F16", "BF16"})
+from tenancy.adapters.base_model import base_model_dims
+from tenancy.adapters.errors import AdapterRejected
+from tenancy.settings import TenancySettings
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    base_model: str
+    # The largest module rank, as the engine reports it (rank_pattern may raise some modules'
+    # ranks above r); alpha is lora_alpha, the default of alpha_pattern.
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...]  # resolved short names, in LORA_MODULES order
 
 
 @dataclass(frozen=True)
@@ -38,57 +50,30 @@ class AdapterValidator(Protocol):
         ...
 
 
-def module_dims(base: BaseModelSpec, module: str) -> tuple[int, int]:
-    """(in_features, out_features) of a base-model projection."""
-    h, i, hd = base.hidden_size, base.intermediate_size, base.resolved_head_dim
-    q, kv = base.num_attention_heads * hd, base.num_key_value_heads * hd
-    return {
-        "q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-        "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h),
-    }[module]  # fmt: skip
-
-
-def check_shapes(tensors: list[TensorInfo], spec: LoraSpec, base: BaseModelSpec) -> None:
-    if not tensors:
-        raise AdapterRejected("adapter_model.safetensors holds no tensors.")
-    seen: dict[tuple[int, str], set[str]] = {}
-    for t in tensors:
-        m = _TENSOR.match(t.name)
-        label = repr(t.name[:100])
-        if m is None:
-            raise AdapterRejected(f"Unexpected tensor {label}: only LoRA A/B weights are allowed.")
-        layer, parent, module, ab = int(m[1]), m[2], m[3], m[4]
-        if (parent == "self_attn") != (module in ATTENTION):
-            raise AdapterRejected(f"Tensor {label} names the wrong parent module.")
-        if layer >= base.num_hidden_layers:
-            raise AdapterRejected(f"Tensor {label} targets a layer the base model lacks.")
-        if module not in spec.target_modules:
-            raise AdapterRejected(f"Tensor {label} targets a module not in target_modules.")
-        if t.dtype not in _FLOAT_DTYPES:
-            raise AdapterRejected(f"Tensor {label} must be F32, F16 or BF16.")
-        d_in, d_out = module_dims(base, module)
-        expected = (spec.rank, d_in) if ab == "A" else (d_out, spec.rank)
-        if t.shape != expected:
-            raise AdapterRejected(
-                f"Tensor {label} has shape {list(t.shape)}; the base model and rank need"
-                f" {list(expected)}."
-            )
-        seen.setdefault((layer, module), set()).add(ab)
-    unpaired = [k for k, v in seen.items() if v != {"A", "B"}]
-    if unpaired:
-        raise AdapterRejected(f"LoRA A/B weights are unpaired for layer {unpaired[0][0]}.")
-
-
 class FormatChecksValidator:
     def __init__(self, settings: TenancySettings) -> None:
-        self._base = settings.base_model
+        self._dims = base_model_dims(settings.base_model)
         self._limits = settings.adapter_limits
 
     def validate(self, files: Mapping[str, bytes]) -> ValidatedAdapter:
-        spec = parse_adapter_config(files[CONFIG], base=self._base, max_rank=self._limits.max_rank)
-        weights = files[WEIGHTS]
-        tensors = parse_header(weights, max_header_bytes=self._limits.max_safetensors_header_bytes)
-        check_shapes(tensors, spec, self._base)
+        weights = files[WEIGHTS_FILE]
+        try:
+            layout = check_adapter(
+                files[CONFIG_FILE],
+                BytesSource(weights),
+                self._dims,
+                max_rank=self._limits.max_rank,
+                max_header_bytes=self._limits.max_safetensors_header_bytes,
+            )
+        except AdapterError as exc:
+            raise AdapterRejected(exc.message, param=exc.param or "file") from exc
+        config = layout.config
+        spec = LoraSpec(
+            base_model=self._dims.names[0],
+            rank=layout.rank,
+            alpha=config.alpha,
+            target_modules=tuple(m for m in LORA_MODULES if m in config.target_modules),
+        )
         return ValidatedAdapter(
             spec=spec,
             files=files,

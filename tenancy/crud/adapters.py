@@ -100,7 +100,9 @@ async def delete_adapter(
     service: AdapterService,
     tenant_id: str,
     adapter_id: str,
-) -> None:
+) -> str:
+    """Returns the deleted adapter's id, the name engines hold it under (for the caller to
+    unload it there); its files are gone once the row is."""
     require_any_admin(ctx.principal)
     row = await load_adapter(
         session, principal=ctx.principal, tenant_id=tenant_id, adapter_id=adapter_id
@@ -115,3 +117,4 @@ async def delete_adapter(
     )  # fmt: skip
     await session.commit()
     service.remove(row.storage_path)
+    return adapter_id

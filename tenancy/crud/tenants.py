@@ -6,11 +6,12 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from tenancy.adapters.service import AdapterService
 from tenancy.audit import record_event, snapshot
 from tenancy.authz import require_admin, require_any_admin, require_tenant_visible
 from tenancy.errors import BadRequest, Conflict, NotFound
 from tenancy.ids import new_id
-from tenancy.models import Tenant, utcnow
+from tenancy.models import Adapter, Tenant, utcnow
 from tenancy.principal import AuditContext, Principal
 from tenancy.schemas import TenantCreate, TenantUpdate
 
@@ -95,17 +96,32 @@ async def update_tenant(
     return tenant
 
 
-async def delete_tenant(session: AsyncSession, *, ctx: AuditContext, tenant_id: str) -> None:
-    """Hard delete: keys, quotas and adapters cascade; the usage ledger and audit log remain."""
+async def delete_tenant(
+    session: AsyncSession,
+    *,
+    ctx: AuditContext,
+    tenant_id: str,
+    service: AdapterService | None = None,
+) -> list[str]:
+    """Hard delete: keys, quotas and adapters cascade; the usage ledger and audit log remain.
+
+    The tenant's adapter files are removed with its rows (through `service`; every caller that
+    deletes for real passes it). Returns the ids of the adapters that went with it, the names
+    engines hold them under, so the caller can unload them there."""
     tenant = await load_tenant(session, principal=ctx.principal, tenant_id=tenant_id)
     require_admin(ctx.principal)
     before = snapshot(tenant)
+    owned = await session.scalars(select(Adapter.id).where(Adapter.owner_tenant_id == tenant_id))
+    adapter_ids = list(owned.all())
     await session.delete(tenant)
     record_event(
         session, ctx=ctx, action="tenant.delete", object_type="tenant", object_id=tenant_id,
         tenant_id=tenant_id, before=before, after=None,
     )  # fmt: skip
     await session.commit()
+    if service is not None:
+        service.remove_owner(tenant_id)
+    return adapter_ids
 
 
 async def rotate_salt(session: AsyncSession, *, ctx: AuditContext, tenant_id: str) -> Tenant:

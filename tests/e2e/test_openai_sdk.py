@@ -16,6 +16,7 @@ import pytest
 from gateway_process import GatewayProcess, TenantInfo
 from openai import OpenAI
 
+from engine.protocol import tenant_label
 from gateway.demo_adapters import demo_adapter_files
 from gateway.settings import base_model_spec
 
@@ -255,7 +256,7 @@ def _rejections(gateway: GatewayProcess, tenant_id: str, reason: str) -> float:
     for line in text.splitlines():
         if (
             line.startswith("loragate_gateway_rejections_total{")
-            and f'tenant="{tenant_id}"' in line
+            and f'tenant="{tenant_label(tenant_id)}"' in line  # a digest, never the id
         ) and f'reason="{reason}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0

@@ -85,6 +85,9 @@ class RecordingClient:
         self.requests.append(request)
         return await self.inner.open(request, adapter)
 
+    def start_unload(self, engine_name: str) -> None:
+        self.inner.start_unload(engine_name)
+
     async def check_ready(self) -> dict[str, bool]:
         return await self.inner.check_ready()
 

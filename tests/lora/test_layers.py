@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
+from lora.adapter_format import PeftLoraConfig
 from lora.batch import NO_SLOT, build_lora_batch
 from lora.dims import BaseModelDims
 from lora.layers import LoRALayers
 from lora.loader import LoadedAdapter, LoraWeights
-from lora.peft_config import PeftLoraConfig
 
 DIMS = BaseModelDims(num_layers=2, hidden_size=32, q_size=32, kv_size=16, intermediate_size=48)
 LAYOUT = {"attn.qkv": ("q_proj", "k_proj", "v_proj"), "mlp.down": ("down_proj",)}

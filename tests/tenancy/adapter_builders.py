@@ -14,8 +14,17 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 
-def make_peft_adapter(out: Path, *, base_name: str = "loragate/tiny", r: int = 8) -> Path:
+
+def make_peft_adapter(
+    out: Path,
+    *,
+    base_name: str = "loragate/tiny",
+    r: int = 8,
+    rank_pattern: dict[str, int] | None = None,
+    alpha_pattern: dict[str, float] | None = None,
+) -> Path:
     """A LoRA adapter saved by PEFT itself, on a tiny Llama built from a config."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from peft import LoraConfig, get_peft_model
@@ -28,7 +37,13 @@ def make_peft_adapter(out: Path, *, base_name: str = "loragate/tiny", r: int = 8
     cfg._name_or_path = base_name
     model = get_peft_model(
         LlamaForCausalLM(cfg),
-        LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj", "v_proj", "down_proj"]),
+        LoraConfig(
+            r=r,
+            lora_alpha=2 * r,
+            target_modules=["q_proj", "v_proj", "down_proj"],
+            rank_pattern=rank_pattern or {},
+            alpha_pattern=alpha_pattern or {},
+        ),
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -46,6 +61,34 @@ def safetensors_bytes(tensors: dict[str, tuple[str, list[int]]], **header_extra:
     header.update(header_extra)
     raw = json.dumps(header).encode()
     return struct.pack("<Q", len(raw)) + raw + b"\0" * offset
+
+
+def read_arrays(weights: bytes) -> dict[str, np.ndarray]:
+    """The tensors of a safetensors file, as float32 arrays (writable copies)."""
+    from safetensors.numpy import load
+
+    return {name: array.astype(np.float32) for name, array in load(weights).items()}
+
+
+def arrays_safetensors(arrays: dict[str, np.ndarray], *, dtype: str = "F32") -> bytes:
+    """Serialized by hand in F32, F16 or BF16 (numpy has no bfloat16: the top half of each
+    float32, so NaN and inf stay what they are)."""
+    header: dict[str, Any] = {}
+    data = b""
+    for name, array in arrays.items():
+        values = np.ascontiguousarray(array, dtype="<f4")
+        if dtype == "BF16":
+            raw = (values.view("<u4") >> 16).astype("<u2").tobytes()
+        else:
+            raw = values.astype("<f2" if dtype == "F16" else "<f4").tobytes()
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(array.shape),
+            "data_offsets": [len(data), len(data) + len(raw)],
+        }
+        data += raw
+    blob = json.dumps(header).encode()
+    return struct.pack("<Q", len(blob)) + blob + data
 
 
 def zip_bytes(entries: dict[str, bytes], symlinks: dict[str, str] | None = None) -> bytes:

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 from adapter_builders import (
+    arrays_safetensors,
     make_peft_adapter,
+    read_arrays,
     safetensors_bytes,
     scratch_dir,
     targz_bytes,
@@ -20,10 +22,12 @@ from adapter_builders import (
 )
 from admin_harness import Harness, admin_harness
 from sqlalchemy import func, select
-from tenancy_factories import SecretRegistry
+from tenancy_factories import ADMIN_CTX, SecretRegistry
 
+from tenancy.crud.adapters import delete_adapter
+from tenancy.crud.tenants import delete_tenant
 from tenancy.models import Adapter, AuditEvent
-from tenancy.settings import TenancySettings
+from tenancy.settings import BaseModelSpec, TenancySettings
 
 Q = "base_model.model.model.layers.0.self_attn.q_proj"
 
@@ -182,6 +186,10 @@ async def test_bad_uploads_are_refused_and_leave_nothing(
     tid = await _tenant(h)
     _, files, name, words = next(c for c in _cases(peft_files) if c[0] == case)
     r = await upload(h, tid, files, name=name)
+    await _refused_leaving_nothing(h, r, words)
+
+
+async def _refused_leaving_nothing(h: Harness, r: Any, words: str) -> None:
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert words.lower() in error["message"].lower() or words == error["param"], error
@@ -193,3 +201,113 @@ async def test_bad_uploads_are_refused_and_leave_nothing(
             select(func.count(AuditEvent.id)).where(AuditEvent.action.like("adapter.%"))
         )
         assert n == 0
+
+
+# (id, tensor poisoned or None for every tensor, value, dtype, words the 400 must hold). The
+# PEFT adapter has r=8, lora_alpha=16: B is served times 2, so 40000 in B leaves float16's range.
+NON_FINITE = [
+    ("nan-in-b", f"{Q}.lora_B.weight", float("nan"), "F32", "holds NaN"),
+    ("inf-in-a", f"{Q}.lora_A.weight", float("inf"), "F32", "holds inf"),
+    ("a-beyond-fp16", f"{Q}.lora_A.weight", 1e6, "F32", "magnitude 1e+06"),
+    ("b-beyond-fp16-once-scaled", f"{Q}.lora_B.weight", 40000.0, "F32", "times its scale 2"),
+    ("nan-in-bf16", f"{Q}.lora_B.weight", float("nan"), "BF16", "holds NaN"),
+    ("inf-in-f16", f"{Q}.lora_A.weight", float("inf"), "F16", "holds inf"),
+    ("all-nan", None, float("nan"), "F32", "must be finite"),
+]
+
+
+@pytest.mark.parametrize("case", NON_FINITE, ids=[c[0] for c in NON_FINITE])
+async def test_non_finite_weights_are_refused_naming_the_tensor(
+    h: Harness, peft_files: dict[str, bytes], case: tuple[str, str | None, float, str, str]
+) -> None:
+    """The loader's value checks run at upload: such an adapter was 'ready', then a 500 on
+    every request that used it."""
+    _, tensor, value, dtype, words = case
+    arrays = read_arrays(peft_files["adapter_model.safetensors"])
+    for name, array in arrays.items():
+        if tensor is None:
+            array[...] = value
+        elif name == tensor:
+            array[0, 0] = value
+    files = {**peft_files, "adapter_model.safetensors": arrays_safetensors(arrays, dtype=dtype)}
+    r = await upload(h, await _tenant(h), files)
+    await _refused_leaving_nothing(h, r, words)
+    message = r.json()["error"]["message"]
+    named = tensor or "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight"
+    assert repr(named) in message, message
+
+
+@pytest.mark.parametrize("dtype", ["F16", "BF16"])
+async def test_half_precision_adapters_are_accepted(
+    h: Harness, peft_files: dict[str, bytes], dtype: str
+) -> None:
+    arrays = read_arrays(peft_files["adapter_model.safetensors"])
+    files = {**peft_files, "adapter_model.safetensors": arrays_safetensors(arrays, dtype=dtype)}
+    r = await upload(h, await _tenant(h), files)
+    assert r.status_code == 201, r.text
+
+
+async def test_rank_and_alpha_patterns_are_accepted(h: Harness) -> None:
+    """The engine serves per-module ranks and alphas; uploads refused them (served with PEFT
+    parity: tests/tenancy/test_upload_serves.py)."""
+    out = scratch_dir()
+    try:
+        make_peft_adapter(out / "p", rank_pattern={"down_proj": 16}, alpha_pattern={"v_proj": 4})
+        files = {p.name: p.read_bytes() for p in (out / "p").iterdir()}
+    finally:
+        shutil.rmtree(out)
+    assert json.loads(files["adapter_config.json"])["rank_pattern"] == {"down_proj": 16}
+    r = await upload(h, await _tenant(h), files)
+    assert r.status_code == 201, r.text
+    assert (r.json()["rank"], r.json()["alpha"]) == (16, 16.0)  # the largest module rank
+
+
+async def test_an_adapter_may_not_take_the_base_models_name(
+    make_settings: Callable[..., TenancySettings], secret_registry: SecretRegistry
+) -> None:
+    """/v1/models would list the name twice and `model` would always pick the base model."""
+    out = scratch_dir()
+    try:
+        make_peft_adapter(out / "a", base_name="tiny")
+        files = {p.name: p.read_bytes() for p in (out / "a").iterdir()}
+    finally:
+        shutil.rmtree(out)
+    settings = make_settings(base_model=BaseModelSpec(name="tiny"))
+    async with admin_harness(settings) as h:
+        secret_registry.add(h.admin_key)
+        tid = await _tenant(h)
+        r = await upload(h, tid, files, name=settings.base_model.name)
+        await _refused_leaving_nothing(h, r, "base model")
+        assert r.json()["error"]["param"] == "name"
+        r = await h.call("POST", "/adapters", data={"name": "tiny"}, files=_multipart(files))
+        assert r.status_code == 400 and r.json()["error"]["param"] == "name"
+        assert (await upload(h, tid, files, name="tiny-sql")).status_code == 201
+
+
+async def test_deleting_a_tenant_removes_its_adapter_files(
+    h: Harness, peft_files: dict[str, bytes]
+) -> None:
+    gone, kept = (
+        await _tenant(h),
+        str((await h.call("POST", "/tenants", json={"name": "kept"})).json()["id"]),
+    )
+    ids = [(await upload(h, gone, peft_files, name=n)).json()["id"] for n in ("a", "b")]
+    kept_id = (await upload(h, kept, peft_files)).json()["id"]
+    r = await h.call("POST", "/adapters", data={"name": "shared"}, files=_multipart(peft_files))
+    public_id = r.json()["id"]
+    store = Path(h.runtime.settings.adapter_store_dir)
+    assert (store / gone / ids[0] / "adapter_model.safetensors").is_file()
+    (store / gone / ".tmp-crashed").mkdir()  # what a write cut short would leave
+    async with h.runtime.sessionmaker() as session:
+        deleted = await delete_tenant(
+            session, ctx=ADMIN_CTX, tenant_id=gone, service=h.runtime.adapters
+        )
+    assert sorted(deleted) == sorted(ids)  # the names engines hold them under, to unload
+    assert not (store / gone).exists()
+    assert (store / kept / kept_id / "adapter_model.safetensors").is_file()
+    assert (store / "public" / public_id / "adapter_model.safetensors").is_file()
+    async with h.runtime.sessionmaker() as session:
+        deleted_one = await delete_adapter(
+            session, ctx=ADMIN_CTX, service=h.runtime.adapters, tenant_id=kept, adapter_id=kept_id
+        )
+    assert deleted_one == kept_id and not (store / kept / kept_id).exists()

@@ -4,7 +4,9 @@ LoRA only, on the seven Llama projections, rank within max_lora_rank, nothing tr
 LoRA and no LoRA variant that changes the forward pass (DoRA, aLoRA, QA-LoRA, lora bias...).
 Per-module rank and alpha follow PEFT exactly: `rank_pattern` / `alpha_pattern` keys are
 regexes matched as `(.*\\.)?(key)$` against the module's name, first match wins, and the scale
-is alpha / r (alpha / sqrt(r) with `use_rslora`).
+is alpha / r (alpha / sqrt(r) with `use_rslora`). Uploads accept the patterns too: the engine
+serves modules of different ranks in one adapter, so refusing them at upload only turned away
+adapters the engine would serve.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from lora.dims import LORA_MODULES, BaseModelDims
@@ -25,6 +26,7 @@ from lora.errors import (
     AdapterTargetError,
 )
 
+CONFIG_FILE = "adapter_config.json"
 MAX_CONFIG_BYTES = 1 << 20
 MAX_PATTERN_LEN = 256
 MAX_PATTERNS = 4096
@@ -74,22 +76,17 @@ def _first_match(patterns: tuple[tuple[str, Any], ...], key: str, default: Any) 
     return default
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise AdapterFormatError("the adapter has no adapter_config.json", param="lora_path")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise AdapterFormatError(
-            f"adapter_config.json is larger than {MAX_CONFIG_BYTES} bytes", param="lora_path"
-        )
+def parse_config_json(raw: bytes) -> dict[str, Any]:
+    """The JSON object of an `adapter_config.json` (the caller reads the file)."""
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise AdapterFormatError(f"{CONFIG_FILE} is larger than {MAX_CONFIG_BYTES} bytes")
     try:
-        raw = json.loads(path.read_bytes())
+        config = json.loads(raw)
     except (ValueError, RecursionError) as exc:
-        raise AdapterFormatError(
-            "adapter_config.json is not valid JSON", param="lora_path"
-        ) from exc
-    if not isinstance(raw, dict):
-        raise AdapterFormatError("adapter_config.json must be a JSON object", param="lora_path")
-    return raw
+        raise AdapterFormatError(f"{CONFIG_FILE} is not valid JSON") from exc
+    if not isinstance(config, dict):
+        raise AdapterFormatError(f"{CONFIG_FILE} must be a JSON object")
+    return config
 
 
 def _is_number(value: Any) -> bool:
@@ -101,7 +98,7 @@ def _rank(value: Any, field: str, max_rank: int) -> int:
         raise AdapterConfigError(f"{field} must be a positive integer", param=field)
     if value > max_rank:
         raise AdapterRankError(
-            f"{field} is {value}, above this engine's max_lora_rank {max_rank}", param=field
+            f"{field} is {value}, above this server's max_lora_rank {max_rank}", param=field
         )
     return value
 
@@ -169,6 +166,8 @@ def _targets(value: Any, dims: BaseModelDims) -> frozenset[str]:
 
 
 def _check_base_model(name: Any, dims: BaseModelDims) -> str | None:
+    # No name (PEFT writes none for a model built from a config) is not a mismatch: the tensor
+    # shapes are checked against the base model either way, and they are what must fit.
     if name is None or not dims.names:
         return None
     if not isinstance(name, str):
@@ -182,8 +181,8 @@ def _check_base_model(name: Any, dims: BaseModelDims) -> str | None:
 
     if tail(name) not in {tail(n) for n in dims.names if n}:
         raise AdapterBaseModelError(
-            f"the adapter was made for base model {name[:200]!r}, not for this engine's "
-            f"{dims.names[0][:200]!r}",
+            f"base_model_name_or_path: the adapter was made for base model {name[:200]!r}, "
+            f"not for this server's {dims.names[0][:200]!r}",
             param="base_model_name_or_path",
         )
     return name
