@@ -18,7 +18,7 @@ from openai import OpenAI
 
 from engine.protocol import tenant_label
 from gateway.demo_adapters import demo_adapter_files
-from gateway.settings import base_model_spec
+from tenancy.adapters.base_model import base_model_spec
 
 MODEL = "tiny"
 
