@@ -174,3 +174,15 @@ def test_metrics_beyond_loopback_need_a_token_or_no_start(
     )  # fmt: skip
     assert done.returncode == 2
     assert "LORAGATE_METRICS_TOKEN" in done.stderr
+
+
+def test_serve_refuses_an_unmigrated_database_naming_the_fix(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    env = gateway_env(tiny_model_dir, tmp_path, LORAGATE_AUTO_MIGRATE="false")
+    done = subprocess.run(
+        [str(BIN / "loragate"), "serve", "--port", "1"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "never been migrated" in done.stderr and "loragate admin migrate" in done.stderr

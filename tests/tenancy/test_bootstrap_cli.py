@@ -59,3 +59,19 @@ def test_unsafe_settings_are_refused(
     assert args.handler(args) == 2
     err = capsys.readouterr().err
     assert "key_pepper" in err and "changeme" not in err
+
+
+def test_missing_secrets_say_what_and_where_the_demo_keeps_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("LORAGATE_KEY_PEPPER", raising=False)
+    monkeypatch.delenv("LORAGATE_SALT_SECRET", raising=False)
+    args = build_parser().parse_args(["admin", "bootstrap"])
+    assert args.handler(args) == 2
+    err = capsys.readouterr().err
+    assert "LORAGATE_KEY_PEPPER" in err and "--dir .cache/demo" in err
+    assert ".cache/demo/secrets.env" in err
+    # A state directory that nothing created yet: said so, not a stack trace.
+    args = build_parser().parse_args(["admin", "bootstrap", "--dir", str(tmp_path / "none")])
+    assert args.handler(args) == 2
+    assert "loragate demo" in capsys.readouterr().err
