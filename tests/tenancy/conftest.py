@@ -23,6 +23,7 @@ from tenancy.settings import TenancySettings
 
 # --import-mode=importlib puts no test directory on sys.path; the helper module lives here.
 sys.path.insert(0, str(Path(__file__).parent))
+from admin_harness import Harness, admin_harness
 from log_capture import captured_log_lines
 from tenancy_factories import SecretRegistry
 
@@ -81,3 +82,13 @@ def secret_registry() -> Iterator[SecretRegistry]:
 @pytest.fixture(autouse=True)
 def _secret_log_guard(secret_registry: SecretRegistry) -> SecretRegistry:
     return secret_registry
+
+
+@pytest.fixture
+async def h(
+    make_settings: Callable[..., TenancySettings], secret_registry: SecretRegistry
+) -> AsyncIterator[Harness]:
+    """The admin routers over a real runtime (SQLite file), with a bootstrap admin key."""
+    async with admin_harness(make_settings()) as harness:
+        secret_registry.add(harness.admin_key)
+        yield harness

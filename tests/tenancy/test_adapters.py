@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +38,6 @@ def peft_files() -> Iterator[dict[str, bytes]]:
     make_peft_adapter(out / "a")
     yield {p.name: p.read_bytes() for p in (out / "a").iterdir()}
     shutil.rmtree(out)
-
-
-@pytest.fixture
-async def h(
-    make_settings: Callable[..., TenancySettings], secret_registry: SecretRegistry
-) -> AsyncIterator[Harness]:
-    async with admin_harness(make_settings()) as harness:
-        secret_registry.add(harness.admin_key)
-        yield harness
 
 
 async def _tenant(h: Harness) -> str:

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from admin_harness import Harness, admin_harness
+from admin_harness import Harness
 from tenancy_factories import SecretRegistry
 
 from tenancy.crud.usage import UsageIn, record_usage
 from tenancy.ids import RequestId, TenantId
-from tenancy.settings import TenancySettings
 
 UNAUTHORIZED = {
     "error": {
@@ -23,15 +21,6 @@ UNAUTHORIZED = {
         "code": "invalid_api_key",
     }
 }
-
-
-@pytest.fixture
-async def h(
-    make_settings: Callable[..., TenancySettings], secret_registry: SecretRegistry
-) -> AsyncIterator[Harness]:
-    async with admin_harness(make_settings()) as harness:
-        secret_registry.add(harness.admin_key)
-        yield harness
 
 
 async def _tenant(h: Harness, name: str | None = None) -> dict[str, Any]:

@@ -5,22 +5,10 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Callable
 
 import pytest
-from admin_harness import Harness, admin_harness
+from admin_harness import Harness
 from tenancy_factories import SecretRegistry
-
-from tenancy.settings import TenancySettings
-
-
-@pytest.fixture
-async def h(
-    make_settings: Callable[..., TenancySettings], secret_registry: SecretRegistry
-) -> AsyncIterator[Harness]:
-    async with admin_harness(make_settings()) as harness:
-        secret_registry.add(harness.admin_key)
-        yield harness
 
 
 def _utc(text: str) -> dt.datetime:
