@@ -104,14 +104,17 @@ class GatewaySettings(TenancySettings):
             and not (self.model / "tokenizer.json").is_file()
         ):
             raise ValueError("model must be a checkpoint directory with a tokenizer")
-        if "adapter_limits" not in self.model_fields_set:
+        # Field by field: setting one nested value (LORAGATE_ADAPTER_LIMITS__MAX_FILES) must not
+        # drop the others' derivation.
+        if "max_rank" not in self.adapter_limits.model_fields_set:
             # Uploads the engine would refuse are refused at upload time.
             self.adapter_limits.max_rank = min(
                 self.adapter_limits.max_rank, self.engine.max_lora_rank
             )
-        if "base_model" not in self.model_fields_set:
-            # Uploaded adapters are checked against the model actually served.
-            self.base_model = base_model_spec(self.model, self.model_name)
+        # Uploaded adapters are checked against the model actually served; what the operator
+        # set explicitly wins.
+        chosen = {f: getattr(self.base_model, f) for f in self.base_model.model_fields_set}
+        self.base_model = base_model_spec(self.model, self.model_name).model_copy(update=chosen)
         return self
 
     @property

@@ -144,3 +144,19 @@ def test_workers_need_an_http_engine_and_a_shared_quota_store(
         quota_store="redis", redis_url="redis://r:6379/0",
     )  # fmt: skip
     assert workers_refusal(shared, 4) is None
+
+
+def test_one_nested_setting_keeps_the_others_derived(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LORAGATE_ADAPTER_LIMITS__MAX_FILES must not lift the rank cap, and
+    LORAGATE_BASE_MODEL__NAME must not drop the checkpoint's shapes."""
+    monkeypatch.setenv("LORAGATE_ADAPTER_LIMITS__MAX_FILES", "3")
+    monkeypatch.setenv("LORAGATE_BASE_MODEL__NAME", "an-alias")
+    settings = _settings(tiny_model_dir, engine={"max_lora_rank": 8})
+    assert settings.adapter_limits.max_files == 3
+    assert settings.adapter_limits.max_rank == 8  # still capped by the engine
+    assert settings.base_model.name == "an-alias"
+    assert settings.base_model.hidden_size == 256  # still the checkpoint's
+    monkeypatch.setenv("LORAGATE_ADAPTER_LIMITS__MAX_RANK", "4")
+    assert _settings(tiny_model_dir).adapter_limits.max_rank == 4  # an explicit choice stands
