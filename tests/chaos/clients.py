@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 import httpx
 import openai
 
+from engine.protocol import tenant_label
+
 MODEL = "tiny"
 DONE_LINE = "data: [DONE]"
 CLIENT_TIMEOUT_S = 120.0
@@ -209,6 +211,6 @@ def gateway_counter(url: str, name: str, tenant_id: str) -> float:
     """A gateway counter (e.g. `loragate_gateway_requests_total`) for one tenant, summed."""
     total = 0.0
     for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + "{") and f'tenant="{tenant_id}"' in line:
+        if line.startswith(name + "{") and f'tenant="{tenant_label(tenant_id)}"' in line:
             total += float(line.rsplit(" ", 1)[1])
     return total

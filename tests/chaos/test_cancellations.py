@@ -29,6 +29,8 @@ import httpx
 import pytest
 from deployment import Deployment
 
+from engine.protocol import tenant_label
+
 pytestmark = pytest.mark.asyncio
 
 NUM_REQUESTS = 500
@@ -213,7 +215,7 @@ def _gateway_counter(dep: Deployment, name: str, tenant_id: str, **labels: str) 
         for line in httpx.get(gateway.url + "/metrics", timeout=10).text.splitlines():
             if (
                 line.startswith(name + "{")
-                and f'tenant="{tenant_id}"' in line
+                and f'tenant="{tenant_label(tenant_id)}"' in line  # a digest, never the id
                 and all(f'{k}="{v}"' in line for k, v in labels.items())
             ):
                 total += float(line.rsplit(" ", 1)[1])
