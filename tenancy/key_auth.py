@@ -2,6 +2,8 @@
 
 Revocation reaches a replica by whichever comes first: the pub/sub message (milliseconds) or the
 cache TTL (at most 2 s, enforced by settings), so a lost message still cannot keep a key alive.
+The channel is classic pub/sub, never sharded: on a Redis Cluster a message published on any
+node reaches subscribers on every node, so replicas may subscribe wherever the client puts them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -23,6 +25,7 @@ from tenancy.crud.keys import find_by_hash
 from tenancy.errors import DatabaseUnavailable, InvalidApiKey, TenantSuspended
 from tenancy.ids import ApiKeyId, TenantId
 from tenancy.keys import KeyMinter, digests_equal
+from tenancy.redis_client import RedisClient
 from tenancy.scopes import Scope
 from tenancy.single_flight import SingleFlight
 
@@ -90,7 +93,7 @@ class KeyVerifier:
         minter: KeyMinter,
         sessionmaker: async_sessionmaker[AsyncSession],
         cache: KeyCache,
-        redis: aioredis.Redis | None = None,
+        redis: RedisClient | None = None,
         channel: str = "loragate:keys:revoked",
         now: Callable[[], dt.datetime] = _utcnow,
     ) -> None:
@@ -168,6 +171,15 @@ class KeyVerifier:
     async def _listen(self) -> None:
         assert self._redis is not None
         while True:
+            try:
+                if isinstance(self._redis, RedisCluster):
+                    # A cluster pubsub picks its node from the slot map, which the client
+                    # loads lazily, on its first command; subscribing is not one.
+                    await self._redis.initialize()
+            except RedisError:
+                log.warning("key invalidation channel lost; retrying")
+                await asyncio.sleep(0.5)
+                continue
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self._channel)

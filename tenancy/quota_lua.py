@@ -9,6 +9,8 @@ Key layout per subject (6 keys, in this order):
   day    STR   tokens charged this UTC day
   month  STR   tokens charged this UTC month
 plus, first of all, a marker key per request (exists from admission until settlement).
+Every key of one call carries the same hash tag (quota_redis.py), so a Redis Cluster runs the
+script on one slot.
 Times come from the caller's clock, so replicas must keep NTP time; skew only moves window edges.
 Replies carry integers only (Redis truncates Lua floats), so times travel as milliseconds.
 """

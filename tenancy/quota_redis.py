@@ -1,6 +1,14 @@
 """The Redis QuotaStore (distributed mode): one Lua script per admission, exact across replicas.
 
 Redis down means fail closed: QuotaStoreUnavailable (503), never an admission and never a 401.
+
+Hash tags (Redis Cluster): a script may only touch keys of one hash slot, and an admission
+touches every subject it names (the tenant, then the key if it has a policy). So all keys of an
+admission carry the hash tag of its *group*, the first subject: `{prefix}q:{<group>}:<subject>:win`
+and `{prefix}q:{<group>}:rq:<request id>`. A subject named after the first (a key) always comes
+with the same first subject (its tenant), so its counters have one home; an index key
+`{prefix}q:{<subject>}:group` records that home for `usage()`, which is given the subject alone.
+On a single server the tags change nothing but the names.
 """
 
 from __future__ import annotations
@@ -9,7 +17,6 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 
-import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from tenancy.errors import QuotaStoreUnavailable
@@ -27,6 +34,7 @@ from tenancy.quotas import (
     periods,
     rate_info,
 )
+from tenancy.redis_client import RedisClient
 
 _CODES = {1: Limit.MONTHLY, 2: Limit.DAILY, 3: Limit.RPM, 4: Limit.TPM, 5: Limit.CONCURRENCY}
 
@@ -39,7 +47,7 @@ class _Script:
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
     async def __call__(
-        self, client: aioredis.Redis, keys: Sequence[str], args: Sequence[str | int | float]
+        self, client: RedisClient, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> object:
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)
@@ -63,7 +71,7 @@ def _limit_args(subject: QuotaSubject) -> list[int]:
 class RedisQuotaStore:
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         *,
         prefix: str,
         lease_ttl_s: float,
@@ -76,28 +84,41 @@ class RedisQuotaStore:
         self._admit = _Script(ADMIT)
         self._settle = _Script(SETTLE)
         self._usage = _Script(USAGE)
+        self._indexed: set[str] = set()  # subjects whose group index this process has written
 
-    def _keys(self, subject_key: str, day: str, month: str) -> list[str]:
-        base = f"{self._prefix}q:{subject_key}:"
+    def _keys(self, group: str, subject_key: str, day: str, month: str) -> list[str]:
+        base = f"{self._prefix}q:{{{group}}}:{subject_key}:"
         return [base + s for s in ("win", "tok", "sum", "lease", f"d:{day}", f"m:{month}")]
 
-    def _marker(self, request_id: str) -> str:
-        return f"{self._prefix}q:rq:{request_id}"
+    def _marker(self, group: str, request_id: str) -> str:
+        return f"{self._prefix}q:{{{group}}}:rq:{request_id}"
+
+    def _index(self, subject_key: str) -> str:
+        return f"{self._prefix}q:{{{subject_key}}}:group"
+
+    async def _write_index(self, group: str, subjects: list[QuotaSubject]) -> None:
+        """Record where the counters of the subjects after the first live (once per process)."""
+        for subject in subjects[1:]:
+            if subject.key not in self._indexed:
+                await self._client.set(self._index(subject.key), group)
+                self._indexed.add(subject.key)
 
     async def admit(
         self, *, request_id: RequestId, subjects: list[QuotaSubject], reserve_tokens: int
     ) -> Admission:
         now = self._clock()
         day, month, to_day_end, to_month_end = periods(now)
-        keys = [self._marker(request_id)]
+        group = subjects[0].key
+        keys = [self._marker(group, request_id)]
         args: list[str | int | float] = [
             repr(now), request_id, reserve_tokens, repr(now + self._lease_ttl_s), WINDOW_S,
             repr(to_day_end), repr(to_month_end), int(PENDING_TTL_S), len(subjects),
         ]  # fmt: skip
         for subject in subjects:
-            keys += self._keys(subject.key, day, month)
+            keys += self._keys(group, subject.key, day, month)
             args += _limit_args(subject)
         try:
+            await self._write_index(group, subjects)
             reply = await self._admit(self._client, keys, args)
         except ResponseError as exc:
             if "duplicate request id" in str(exc):
@@ -126,9 +147,10 @@ class RedisQuotaStore:
         )
 
     async def settle(self, admission: Admission, *, used_tokens: int) -> None:
-        keys = [self._marker(admission.request_id)]
+        group = admission.subject_keys[0]
+        keys = [self._marker(group, admission.request_id)]
         for key in admission.subject_keys:
-            keys += self._keys(key, admission.day, admission.month)
+            keys += self._keys(group, key, admission.day, admission.month)
         args: list[str | int | float] = [
             admission.request_id, used_tokens, admission.reserved_tokens,
             len(admission.subject_keys),
@@ -142,8 +164,10 @@ class RedisQuotaStore:
         now = self._clock()
         day, month, _, _ = periods(now)
         try:
+            stored = await self._client.get(self._index(subject_key))
+            group = stored.decode() if isinstance(stored, bytes) else (stored or subject_key)
             reply = await self._usage(
-                self._client, self._keys(subject_key, day, month), [repr(now), WINDOW_S]
+                self._client, self._keys(group, subject_key, day, month), [repr(now), WINDOW_S]
             )
         except (RedisError, OSError) as exc:
             raise QuotaStoreUnavailable() from exc

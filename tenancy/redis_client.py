@@ -1,11 +1,34 @@
-"""One way to open Redis: a blocking pool, so bursts wait for a connection instead of failing."""
+"""One way to open Redis: a single server or a Redis Cluster, from the same URL setting.
+
+A single server gets a blocking pool, so bursts wait for a connection instead of failing. A
+cluster client keeps a pool per node and follows slot moves; the quota store puts every key one
+Lua script touches in one hash slot (tenancy/quota_redis.py), and the revocation channel uses
+classic pub/sub, which a cluster delivers to subscribers on every node.
+"""
 
 from __future__ import annotations
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+
+# What the quota store and the key verifier accept: the two clients share the commands they use.
+RedisClient = aioredis.Redis | RedisCluster
+
+CLUSTER_MAX_CONNECTIONS = 1024
 
 
-def make_redis(url: str, *, max_connections: int = 64, timeout_s: float = 5.0) -> aioredis.Redis:
+def make_redis(
+    url: str, *, cluster: bool = False, max_connections: int = 64, timeout_s: float = 5.0
+) -> RedisClient:
+    if cluster:
+        # A cluster node's pool does not wait for a free connection, it fails (a 503 at
+        # admission), so each node gets room for a burst well past the single-server bound.
+        return RedisCluster.from_url(
+            url,
+            max_connections=max(max_connections, CLUSTER_MAX_CONNECTIONS),
+            socket_connect_timeout=timeout_s,
+            socket_timeout=timeout_s,
+        )
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=timeout_s, socket_connect_timeout=timeout_s
     )

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
-import redis.asyncio as aioredis
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -22,7 +21,7 @@ from tenancy.priority import PriorityMapper
 from tenancy.quota_memory import InProcessQuotaStore
 from tenancy.quota_redis import RedisQuotaStore
 from tenancy.quotas import QuotaStore
-from tenancy.redis_client import make_redis
+from tenancy.redis_client import RedisClient, make_redis
 from tenancy.salts import SaltDeriver
 from tenancy.settings import TenancySettings
 
@@ -43,7 +42,7 @@ class TenancyRuntime:
     priority: PriorityMapper
     adapters: AdapterService
     oidc: OidcVerifier | None = None
-    redis: aioredis.Redis | None = None
+    redis: RedisClient | None = None
     http: httpx.AsyncClient | None = None
     now: Callable[[], dt.datetime] = field(default=_utcnow)
 
@@ -96,7 +95,8 @@ async def build_runtime(
     """`validator` is the seam for the LoRA loader's checks; format checks are the default."""
     engine = make_engine(settings.database_url)
     sessionmaker = make_sessionmaker(engine)
-    redis = make_redis(settings.redis_url) if settings.redis_url else None
+    cluster = settings.redis_cluster
+    redis = make_redis(settings.redis_url, cluster=cluster) if settings.redis_url else None
     minter = KeyMinter(
         prefix=settings.key_prefix, pepper=settings.key_pepper.get_secret_value().encode()
     )
@@ -111,7 +111,7 @@ async def build_runtime(
     if settings.quota_store == "redis":
         assert redis is not None  # settings validation guarantees redis_url
         quotas = RedisQuotaStore(
-            make_redis(settings.redis_url or ""),
+            make_redis(settings.redis_url or "", cluster=cluster),
             prefix=settings.redis_key_prefix,
             lease_ttl_s=settings.lease_ttl_s,
         )

@@ -67,6 +67,8 @@ class TenancySettings(BaseSettings):
 
     database_url: str = "sqlite+aiosqlite:///./data/loragate.db"
     redis_url: str | None = None
+    # redis_url names one node of a Redis Cluster; the client finds the others.
+    redis_cluster: bool = False
     redis_key_prefix: str = "lg:"
     quota_store: Literal["inprocess", "redis"] = "inprocess"
     # Concurrency leases expire so a crashed request cannot hold a slot forever.

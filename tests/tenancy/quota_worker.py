@@ -1,6 +1,7 @@
 """One gateway replica for the multi-process quota test: fires N concurrent admissions at once.
 
-Prints a JSON line {"admitted": [reserved tokens...], "rejected": n} to stdout.
+Prints a JSON line {"admitted": [reserved tokens...], "rejected": n} to stdout. A sixth argument
+`cluster` makes the URL a Redis Cluster node's.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from tenancy.quotas import QuotaExceeded, QuotaLimits, QuotaSubject
 from tenancy.redis_client import make_redis
 
 
-async def main(redis_url: str, prefix: str, rpm: int, n: int, start_at: float) -> None:
-    client = make_redis(redis_url, max_connections=n)
+async def main(
+    redis_url: str, prefix: str, rpm: int, n: int, start_at: float, cluster: bool
+) -> None:
+    client = make_redis(redis_url, cluster=cluster, max_connections=n)
     store = RedisQuotaStore(client, prefix=prefix, lease_ttl_s=60)
     subject = QuotaSubject("t:shared", QuotaLimits(requests_per_minute=rpm))
     await client.ping()
@@ -40,4 +43,5 @@ async def main(redis_url: str, prefix: str, rpm: int, n: int, start_at: float) -
 
 if __name__ == "__main__":
     url, prefix, rpm, n, start = sys.argv[1:6]
-    asyncio.run(main(url, prefix, int(rpm), int(n), float(start)))
+    cluster = sys.argv[6:7] == ["cluster"]
+    asyncio.run(main(url, prefix, int(rpm), int(n), float(start), cluster))
