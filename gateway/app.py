@@ -20,6 +20,8 @@ from types import FrameType
 from fastapi import FastAPI
 
 from gateway.admin import admin_router
+from gateway.dashboard import install_dashboard
+from gateway.dashboard.state import Dashboard
 from gateway.engines.build import build_engine_client
 from gateway.error_handlers import install_error_handlers
 from gateway.lifecycle.bookkeeping import Bookkeeping, UsageWriter
@@ -27,6 +29,7 @@ from gateway.lifecycle.job import Planner
 from gateway.lifecycle.service import RequestLifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestContextMiddleware, TrustedHostMiddleware
+from gateway.openapi import install_openapi
 from gateway.policy import PolicyService
 from gateway.routes import chat, completions, generate, health, models
 from gateway.settings import GatewaySettings
@@ -139,6 +142,8 @@ def drain_on_signals(state: GatewayState) -> Iterator[None]:
 def create_app(settings: GatewaySettings, *, handle_signals: bool = False) -> FastAPI:
     """`handle_signals`: drain on SIGTERM (`loragate serve`; tests that embed the app leave it)."""
 
+    dashboard: Dashboard | None = None
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = await build_state(settings)
@@ -149,13 +154,17 @@ def create_app(settings: GatewaySettings, *, handle_signals: bool = False) -> Fa
                 yield
         finally:
             await close_state(state)
+            if dashboard is not None:
+                await dashboard.close()
 
+    docs = settings.api_docs_enabled  # off: /docs and /openapi.json are 404 like any unknown path
     app = FastAPI(
         title="loragate gateway",
         lifespan=lifespan,
-        docs_url=None,
+        docs_url="/docs" if docs else None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json" if docs else None,
+        swagger_ui_oauth2_redirect_url=None,
         # A redirect to the path without its slash was built from the Host header: a client
         # could point it anywhere. Such paths are a 404 instead.
         redirect_slashes=False,
@@ -166,4 +175,7 @@ def create_app(settings: GatewaySettings, *, handle_signals: bool = False) -> Fa
     for module in (chat, completions, models, generate, health):
         app.include_router(module.router)
     app.include_router(admin_router())
+    if settings.dashboard_enabled:
+        dashboard = install_dashboard(app, settings)
+    install_openapi(app, settings)
     return app

@@ -27,6 +27,7 @@ async def get_tenant(request: Request, state: StateDep) -> TenantContext:
     request.state.lg_inference = True  # rejections from here on are counted in the metrics
     ctx = await state.policy.authenticate(request.headers.get("authorization"))
     request.state.lg_tenant = ctx.tenant_id
+    request.state.lg_key = ctx.key_id
     return ctx
 
 

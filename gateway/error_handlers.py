@@ -28,6 +28,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import ClientGone
+from gateway.rejections import record_rejection
 from tenancy.errors import BadRequest, ClientError, DatabaseUnavailable
 
 log = logging.getLogger(__name__)
@@ -44,11 +45,12 @@ async def _client_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ClientError)
     state = getattr(request.app.state, "gateway", None)
     if state is not None and getattr(request.state, "lg_inference", False):
-        state.metrics.reject(
-            getattr(request.state, "lg_tenant", None),
-            getattr(request.state, "lg_model", None),
-            exc.code,
-        )
+        tenant = getattr(request.state, "lg_tenant", None)
+        reason = state.metrics.reject(tenant, getattr(request.state, "lg_model", None), exc.code)
+        if tenant is not None:  # the quota-state API and the dashboard show the last hour
+            await record_rejection(
+                state.tenancy.rejections, tenant, getattr(request.state, "lg_key", None), reason
+            )
     return error_response(exc)
 
 

@@ -96,6 +96,8 @@ class GatewayMetrics:
             models = self._model_labels[tenant_label] = BoundedLabel(self._max_models)
         return tenant_label, models(model) if model else UNKNOWN
 
-    def reject(self, tenant: str | None, model: str | None, code: str | None) -> None:
+    def reject(self, tenant: str | None, model: str | None, code: str | None) -> str:
+        """Count a rejection; returns its reason label (the code, or `other`)."""
         reason = code if code in REJECTION_REASONS else OTHER
         self.rejections.labels(*self.labels(tenant, model), reason).inc()
+        return reason

@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from engine.settings import EngineSettings
 from tenancy.adapters.base_model import base_model_spec
-from tenancy.settings import TenancySettings
+from tenancy.settings import TenancySettings, strong_secret
 
 EngineMode = Literal["inprocess", "http"]
 EngineKind = Literal["loragate", "vllm"]
@@ -85,6 +85,25 @@ class GatewaySettings(TenancySettings):
     # Upgrade the database schema to head at start-up (the embedded default and the demo).
     auto_migrate: bool = False
 
+    # ---- dashboard, API docs and dashboard SSO ------------------------------------------------
+    # /openapi.json and /docs; false: both are 404.
+    api_docs_enabled: bool = True
+    # The web dashboard at /dashboard (admin and tenant-admin keys, or SSO); false: 404.
+    dashboard_enabled: bool = True
+    # A dashboard session (a signed cookie) lasts this long from login; then log in again.
+    dashboard_session_ttl_s: float = Field(default=8 * 3600.0, gt=0, le=7 * 86400)
+    # Signs dashboard sessions. Unset: derived from key_pepper (an HMAC under a fixed label),
+    # which every replica already shares, so a session works on any replica with no secret to
+    # distribute; set it (same rules as the pepper) to end every session without new keys.
+    dashboard_session_secret: SecretStr | None = None
+    # "Sign in with SSO" on the dashboard (authorization code + PKCE at oidc_issuer): the
+    # dashboard's client id there, and its secret when the provider makes it a confidential one.
+    oidc_client_id: str | None = None
+    oidc_client_secret: SecretStr | None = None
+    # The callback URL registered at the provider for that client (…/dashboard/sso/callback);
+    # configured, never built from a request's Host header.
+    oidc_redirect_url: str | None = None
+
     @field_validator("engine_urls")
     @classmethod
     def _urls(cls, urls: list[str]) -> list[str]:
@@ -93,8 +112,21 @@ class GatewaySettings(TenancySettings):
                 raise ValueError("engine_urls must be http:// or https:// URLs")
         return [url.rstrip("/") for url in urls]
 
+    @field_validator("dashboard_session_secret")
+    @classmethod
+    def _session_secret(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        return None if value is None else strong_secret(value, info.field_name or "secret")
+
     @model_validator(mode="after")
     def _gateway_checks(self) -> GatewaySettings:
+        if self.oidc_client_id and not (self.oidc_issuer and self.oidc_redirect_url):
+            raise ValueError("oidc_client_id needs oidc_issuer and oidc_redirect_url")
+        session = self.dashboard_session_secret
+        if session is not None and session.get_secret_value() in (
+            self.key_pepper.get_secret_value(),
+            self.salt_secret.get_secret_value(),
+        ):
+            raise ValueError("dashboard_session_secret must differ from the other secrets")
         if self.engine_mode == "http" and not self.engine_urls:
             raise ValueError("engine_mode 'http' needs engine_urls")
         if self.engine_mode == "inprocess" and self.engine_kind != "loragate":

@@ -156,12 +156,17 @@ return 1
 _USAGE = r"""
 local win, sum, lease = KEYS[1], KEYS[3], KEYS[4]
 purge(1)
+-- until the oldest request leaves the window, in ms (0: the window is empty)
+local first = redis.call('ZRANGE', win, 0, 0, 'WITHSCORES')
+local reset_ms = 0
+if #first > 0 then reset_ms = math.ceil((tonumber(first[2]) + window - now) * 1000) end
 return {
   redis.call('ZCARD', win),
   tonumber(redis.call('GET', sum) or '0'),
   redis.call('ZCARD', lease),
   tonumber(redis.call('GET', KEYS[5]) or '0'),
   tonumber(redis.call('GET', KEYS[6]) or '0'),
+  reset_ms,
 }
 """
 

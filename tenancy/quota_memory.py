@@ -180,6 +180,7 @@ class InProcessQuotaStore:
                 num_leases=len(ledger.leases),
                 day_tokens=ledger.budgets.get("d:" + day, 0),
                 month_tokens=ledger.budgets.get("m:" + month, 0),
+                window_reset_s=ledger.state(now).requests_reset_s,
             )
 
     async def close(self) -> None:

@@ -172,8 +172,8 @@ class RedisQuotaStore:
         except (RedisError, OSError) as exc:
             raise QuotaStoreUnavailable() from exc
         assert isinstance(reply, list)
-        r, t, leases, d, m = (int(v) for v in reply)
-        return QuotaUsage(r, t, leases, d, m)
+        r, t, leases, d, m, reset_ms = (int(v) for v in reply)
+        return QuotaUsage(r, t, leases, d, m, window_reset_s=max(0, reset_ms) / 1000)
 
     async def close(self) -> None:
         await self._client.aclose()

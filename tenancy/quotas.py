@@ -141,6 +141,8 @@ class QuotaUsage:
     num_leases: int
     day_tokens: int
     month_tokens: int
+    # Until the oldest request in the 60 s window leaves it (RPM and TPM free up); 0 if empty.
+    window_reset_s: float = 0.0
 
 
 class QuotaExceeded(ClientError):

@@ -22,6 +22,7 @@ from tenancy.quota_memory import InProcessQuotaStore
 from tenancy.quota_redis import RedisQuotaStore
 from tenancy.quotas import QuotaStore
 from tenancy.redis_client import RedisClient, make_redis
+from tenancy.rejection_log import InProcessRejectionLog, RedisRejectionLog, RejectionLog
 from tenancy.salts import SaltDeriver
 from tenancy.settings import TenancySettings
 
@@ -43,6 +44,8 @@ class TenancyRuntime:
     adapters: AdapterService
     oidc: OidcVerifier | None = None
     redis: RedisClient | None = None
+    # Rejected inference requests per subject over the last hour; beside the quota store.
+    rejections: RejectionLog = field(default_factory=InProcessRejectionLog)
     http: httpx.AsyncClient | None = None
     now: Callable[[], dt.datetime] = field(default=_utcnow)
 
@@ -108,6 +111,7 @@ async def build_runtime(
         channel=settings.key_revocation_channel,
     )
     quotas: QuotaStore
+    rejections: RejectionLog = InProcessRejectionLog()
     if settings.quota_store == "redis":
         assert redis is not None  # settings validation guarantees redis_url
         quotas = RedisQuotaStore(
@@ -115,6 +119,7 @@ async def build_runtime(
             prefix=settings.redis_key_prefix,
             lease_ttl_s=settings.lease_ttl_s,
         )
+        rejections = RedisRejectionLog(redis, prefix=settings.redis_key_prefix)
     else:
         quotas = InProcessQuotaStore(lease_ttl_s=settings.lease_ttl_s)
     oidc = None
@@ -149,6 +154,7 @@ async def build_runtime(
         oidc=oidc,
         redis=redis,
         http=http,
+        rejections=rejections,
     )
     await keys.start()
     return runtime

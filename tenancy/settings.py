@@ -15,6 +15,16 @@ _PLACEHOLDERS = {"changeme", "changethis", "secret", "password", "pepper", "test
 _MIN_SECRET_LEN = 32
 
 
+def strong_secret(value: SecretStr, name: str) -> SecretStr:
+    """The rule for every server secret: long, not a placeholder; the error names the field."""
+    raw = value.get_secret_value()
+    if len(raw) < _MIN_SECRET_LEN:
+        raise ValueError(f"{name} must be at least {_MIN_SECRET_LEN} characters")
+    if raw.lower() in _PLACEHOLDERS or len(set(raw)) < 8:
+        raise ValueError(f"{name} looks like a placeholder; generate a random one")
+    return value
+
+
 class TierBand(BaseModel):
     """A band of engine priorities (lower runs earlier); a request hint is clamped into it."""
 
@@ -103,13 +113,7 @@ class TenancySettings(BaseSettings):
     @field_validator("key_pepper", "salt_secret")
     @classmethod
     def _strong_secret(cls, value: SecretStr, info: object) -> SecretStr:
-        raw = value.get_secret_value()
-        name = getattr(info, "field_name", "secret")
-        if len(raw) < _MIN_SECRET_LEN:
-            raise ValueError(f"{name} must be at least {_MIN_SECRET_LEN} characters")
-        if raw.lower() in _PLACEHOLDERS or len(set(raw)) < 8:
-            raise ValueError(f"{name} looks like a placeholder; generate a random one")
-        return value
+        return strong_secret(value, getattr(info, "field_name", "secret"))
 
     @field_validator("key_prefix")
     @classmethod
