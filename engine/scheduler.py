@@ -4,34 +4,51 @@ Plain Python over Sequence objects and the BlockManager; no tensors. One `schedu
 plans one engine step:
 
 0. Priority preemption: while the best waiting sequence ranks strictly above the worst running
-   one and the batch is full (max_num_seqs) or the KV cache cannot hold its first chunk, the
-   worst running sequence is preempted (its blocks are freed; it is recomputed later and keeps
-   its arrival order, so its place in line).
+   one (aged level) and the batch is full (max_num_seqs) or the KV cache cannot hold its first
+   chunk, the worst running sequence is preempted (its blocks are freed; it is recomputed later
+   and keeps its arrival order, so its place in line).
 1. Running sequences, best first, get their next tokens (1 for decode, a chunk for prefill)
    under the token budget; when KV blocks run out the worst running sequence is preempted,
    possibly the one asking.
-2. Waiting sequences, best first, are admitted while seats, budget and blocks last. The first
+2. Waiting sequences, in line order, are admitted while seats, budget and blocks last. The first
    one that does not fit stops admission, so a large high-priority prompt is not starved by
    smaller ones behind it.
 
+The waiting line (engine/waiting_queue.py). `fcfs`: arrival order. `priority`: the sequences of
+one priority value form a band. Bands go in the order of their oldest sequence's deadline
+`priority * aging_steps + arrival_step`, which is the order of its aged level
+`priority - steps_waited // aging_steps`. Inside a band the tenant with the smallest
+served-token counter (engine/fairness.py) goes first, then arrival order: aging only lets one
+band overtake another, it never reorders tenants inside a band. A request of priority p under a
+steady stream of priority-q requests (q < p) outranks every newcomer after
+(p - q + 1) * aging_steps steps, so its wait is bounded by that plus the time to serve the
+finitely many requests ahead of it (those that arrived before, and its own band's fair share).
+
+Cost. The line is an index, never sorted as a whole: a step takes sequences from its front one
+at a time and puts back those it did not admit, O(log n) each for n waiting. It takes the ones
+it admits, at most `max_num_seqs` it passes over (below) and the one that stops admission; a
+search for a preemption candidate looks at most `max_num_seqs` deep. With nothing waiting that
+outranks the worst running sequence (the common case) no search happens.
+
 Adapters. Every running sequence with an adapter pins it in one of `max_loras` slots (the
 adapter cache, lora/cache.py), so a batch never holds more distinct adapters than slots. A
-waiting sequence whose adapter can get no slot (all pinned) is skipped, not a stop: the ones
-behind it still run. The first such sequence in line picks one pinned slot to drain (fewest
-running users): sequences behind it in line that would pin that adapter again wait too, so the
-slot frees once its running sequences finish and the skipped sequence gets it; with aging it
-eventually leads the line, so its wait is bounded like any other. The cache is told the
-waiting line each step (prefetch, eviction preference).
+waiting sequence whose adapter can get no slot (all pinned) is passed over, not a stop: the ones
+behind it still run, up to `max_num_seqs` passed over per step. The first such sequence in line
+picks one pinned slot to drain (fewest running users): sequences behind it in line that would
+pin that adapter again wait too, so the slot frees once its running sequences finish and the
+passed-over sequence gets it; it eventually leads the line (aging moves its band ahead, the
+fair-share counter its tenant), so its wait is bounded like any other. Each step the cache is told which adapters the line needs: those of the
+sequences this step may admit, in line order, then every other adapter a waiting sequence
+needs, by id (prefetch, eviction preference).
 
-Ranking. `fcfs`: arrival order. `priority`: the aged level, then (among equal levels) the
-tenant's served-token counter, then arrival. A sequence's aged level is
-`priority - steps_waited // aging_steps`: a request of priority p under a steady stream of
-priority-q requests (q < p) outranks every newcomer after (p - q + 1) * aging_steps steps, so
-its wait is bounded by that plus the time to serve the finitely many requests ahead of it.
+Invariant (check_invariants): every sequence is in exactly one of waiting (status WAITING, no
+KV blocks) and running (status RUNNING, at most max_num_seqs); each adapter's pins equal its
+running sequences; the waiting index and the fairness counter hold their own invariants.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from engine.block_manager import BlockManager, PrefixHit
@@ -39,6 +56,7 @@ from engine.config import EngineConfig
 from engine.fairness import VirtualTokenCounter
 from engine.outputs import FailedSeq, FinishReason, ScheduledSeq, SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus
+from engine.waiting_queue import WaitingQueue
 from lora.cache import AdapterCache
 from lora.errors import AdapterError
 from lora.registry import AdapterId
@@ -58,9 +76,13 @@ class Scheduler:
         self.config = config
         self.block_manager = block_manager
         self.adapters = adapters
-        self.waiting: list[Sequence] = []
-        self.running: list[Sequence] = []
         self.fairness = VirtualTokenCounter()
+        self.waiting = WaitingQueue(
+            aging_steps=config.aging_steps,
+            served=self.fairness.served,
+            by_priority=config.policy == "priority",
+        )
+        self.running: list[Sequence] = []
         self.num_steps = 0
         self.num_preemptions = 0
 
@@ -69,7 +91,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         self.fairness.on_arrival(seq.tenant_key)
-        self.waiting.append(seq)
+        self.waiting.add(seq)
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence and free its blocks."""
@@ -89,18 +111,13 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     def live_sequences(self) -> list[Sequence]:
-        return self.waiting + self.running
+        return [*self.waiting, *self.running]
 
     # -- ranking -------------------------------------------------------------------------
 
     def level(self, seq: Sequence) -> int:
         waited = self.num_steps - seq.arrival_step
         return seq.priority - waited // self.config.aging_steps
-
-    def admit_key(self, seq: Sequence) -> tuple[int, int, int]:
-        if self.config.policy == "fcfs":
-            return (0, 0, seq.arrival_order)
-        return (self.level(seq), self.fairness.served(seq.tenant_key), seq.arrival_order)
 
     def rank_key(self, seq: Sequence) -> tuple[int, int]:
         """Order for running sequences: the last one is the preemption victim."""
@@ -113,12 +130,15 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         preempted: list[Sequence] = []
         self.running.sort(key=self.rank_key)
-        self.waiting.sort(key=self.admit_key)
-        if self.adapters is not None:
-            self.adapters.plan([adapter_of(s) for s in self.waiting])
         if self.config.policy == "priority":
             self._preempt_for_better_waiting(preempted)
         num_preempted_for_priority = len(preempted)
+        # The front of the line, taken out for the adapter cache's plan and handed to
+        # admission (nothing enters the line in between unless the running loop preempts).
+        front: list[Sequence] = []
+        if self.adapters is not None:
+            front = self._take_front()
+            self.adapters.plan(self._wanted_adapters(front))
 
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
@@ -141,20 +161,34 @@ class Scheduler:
         # After running out of KV blocks this step, admitting more would only thrash.
         failed: list[FailedSeq] = []
         if len(preempted) == num_preempted_for_priority:
-            budget = self._admit_waiting(scheduled, budget, failed)
+            budget = self._admit_waiting(scheduled, budget, failed, front)
+        else:
+            for seq in front:
+                self.waiting.add(seq)
 
+        charges: Counter[str] = Counter()
         for item in scheduled:
-            self.fairness.charge(item.seq.tenant_key, item.num_new_tokens)
+            charges[item.seq.tenant_key] += item.num_new_tokens
+        for tenant, num_tokens in charges.items():
+            self.fairness.charge(tenant, num_tokens)
+            self.waiting.on_served_changed(tenant)
         self.num_steps += 1
         return SchedulerOutput(scheduled=scheduled, preempted=preempted, failed=failed)
 
     def _admit_waiting(
-        self, scheduled: list[ScheduledSeq], budget: int, failed: list[FailedSeq]
+        self,
+        scheduled: list[ScheduledSeq],
+        budget: int,
+        failed: list[FailedSeq],
+        front: list[Sequence],
     ) -> int:
-        admitted: list[Sequence] = []
-        drained: AdapterId | None = None  # the slot held back for the first skipped sequence
-        for seq in self.waiting:
-            if len(self.running) + len(admitted) >= self.config.max_num_seqs or budget <= 0:
+        """Admit from the line: `front` (already taken from it, in line order), then on."""
+        passed: list[Sequence] = []  # taken from the line but not admitted: they go back
+        drained: AdapterId | None = None  # the slot held back for the first passed-over one
+        front.reverse()
+        while len(self.running) < self.config.max_num_seqs and budget > 0:
+            seq = front.pop() if front else self.waiting.pop()
+            if seq is None:
                 break
             adapter = adapter_of(seq)
             if (
@@ -162,13 +196,17 @@ class Scheduler:
                 and self.adapters is not None
                 and (adapter == drained or not self.adapters.can_acquire(adapter))
             ):
+                passed.append(seq)
                 if drained is None:
                     drained = self.adapters.drain_target()
+                if len(passed) >= self.config.max_num_seqs:
+                    break
                 continue
             hit = self._prefix_hit(seq)
             num_computed = hit.num_blocks * self.block_manager.block_size
             num_new = min(seq.num_tokens - num_computed, budget)
             if not self.block_manager.can_allocate(seq, num_new, hit):
+                passed.append(seq)
                 break
             if adapter is not None and self.adapters is not None:
                 try:
@@ -181,13 +219,11 @@ class Scheduler:
                 seq.num_cached_tokens = num_computed
                 self.block_manager.record_prefix_lookup(seq.num_prompt_tokens, num_computed)
             seq.status = SequenceStatus.RUNNING
-            admitted.append(seq)
+            self.running.append(seq)
             scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
-        if admitted or failed:
-            gone = {id(s) for s in admitted} | {id(f.seq) for f in failed}
-            self.waiting = [s for s in self.waiting if id(s) not in gone]
-            self.running.extend(admitted)
+        for seq in [*passed, *front]:
+            self.waiting.add(seq)
         for item in failed:
             item.seq.status = SequenceStatus.FINISHED
             item.seq.finish_reason = FinishReason.ERROR
@@ -196,11 +232,14 @@ class Scheduler:
 
     def _preempt_for_better_waiting(self, preempted: list[Sequence]) -> None:
         while self.waiting and self.running:
+            victim = self.running[-1]
+            best = self.waiting.best_level(self.num_steps)
+            if best is None or best >= self.level(victim):
+                return  # nobody waiting ranks above the victim (the common case: no search)
             # Preempting for a sequence that would still find no adapter slot helps nobody.
-            candidate = next((s for s in self.waiting if self._can_get_slot(s)), None)
+            candidate = self._first_with_slot()
             if candidate is None:
                 return
-            victim = self.running[-1]
             if self.level(candidate) >= self.level(victim):
                 return
             batch_full = len(self.running) >= self.config.max_num_seqs
@@ -213,6 +252,43 @@ class Scheduler:
                 if self.block_manager.can_allocate(candidate, first_chunk, hit):
                     return
             self._preempt(victim, preempted)
+
+    def _first_with_slot(self) -> Sequence | None:
+        """The first waiting sequence whose adapter can get a slot, looking past at most
+        max_num_seqs that cannot (the same bound admission uses)."""
+        first = self.waiting.peek()
+        if first is None or self._can_get_slot(first):
+            return first
+        passed: list[Sequence] = []
+        found = None
+        while (seq := self.waiting.pop()) is not None:
+            passed.append(seq)
+            if self._can_get_slot(seq):
+                found = seq
+                break
+            if len(passed) >= self.config.max_num_seqs:
+                break
+        for seq in passed:
+            self.waiting.add(seq)
+        return found
+
+    def _take_front(self) -> list[Sequence]:
+        """Take out the first sequences of the line: as many as this step could admit, + 1."""
+        front: list[Sequence] = []
+        for _ in range(max(0, self.config.max_num_seqs - len(self.running)) + 1):
+            seq = self.waiting.pop()
+            if seq is None:
+                break
+            front.append(seq)
+        return front
+
+    def _wanted_adapters(self, front: list[Sequence]) -> list[AdapterId | None]:
+        """For the adapter cache's plan: the adapters of the line's front, in line order, then
+        every other adapter a waiting sequence needs (by id)."""
+        wanted = [adapter_of(s) for s in front]
+        seen = set(wanted)
+        wanted.extend(AdapterId(a) for a in self.waiting.adapters() if a not in seen)
+        return wanted
 
     def _can_get_slot(self, seq: Sequence) -> bool:
         adapter = adapter_of(seq)
@@ -230,8 +306,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.append(seq)
-        self.waiting.sort(key=self.admit_key)
+        self.waiting.add(seq)
         preempted.append(seq)
 
     def _prefix_hit(self, seq: Sequence) -> PrefixHit:
@@ -239,3 +314,20 @@ class Scheduler:
         if seq.request.sampling_params.prompt_logprobs is not None:
             return PrefixHit([], [])
         return self.block_manager.find_prefix(seq)
+
+    def check_invariants(self) -> None:
+        assert len(self.running) <= self.config.max_num_seqs, "more running than max_num_seqs"
+        running = set(self.running)
+        assert len(running) == len(self.running), "a sequence runs twice"
+        for seq in self.running:
+            assert seq.status is SequenceStatus.RUNNING, "a running sequence is not RUNNING"
+            assert seq not in self.waiting, "a sequence both waits and runs"
+        for seq in self.waiting:
+            assert seq.status is SequenceStatus.WAITING, "a waiting sequence is not WAITING"
+            assert not seq.block_table, "a waiting sequence holds KV blocks"
+        if self.adapters is not None:
+            pins = Counter(a for s in self.running if (a := adapter_of(s)) is not None)
+            for adapter_id, count in pins.items():
+                assert self.adapters.num_in_use(adapter_id) == count, "adapter pins out of sync"
+        self.waiting.check_invariants()
+        self.fairness.check_invariants()

@@ -90,6 +90,7 @@ class Sim:
                     self.finished.append(seq)
                     self.finish_step[name] = step
         self.block_manager.check_invariants(self.scheduler.live_sequences())
+        self.scheduler.check_invariants()
         return out
 
     def run(self, max_steps: int = 10_000) -> None:

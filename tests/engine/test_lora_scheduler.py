@@ -231,3 +231,35 @@ def test_every_request_is_served_within_the_slot_limit(
         assert step < 3000, "a request was never served"
     assert sorted(sim.finish_order()) == sorted(f"r{i}" for i in range(len(requests)))
     assert cache.num_pinned_slots == 0
+
+
+def test_a_step_looks_past_at_most_max_num_seqs_requests_without_a_slot():
+    # The bound that keeps a step's cost independent of the line's length: three requests for
+    # an adapter that gets no slot lie ahead of a base-model request. With 4 seats the step
+    # looks past all three and admits it; with 3 it stops after three passed over.
+    for max_num_seqs, is_admitted in ((4, True), (3, False)):
+        sim, _, _ = lora_sim(max_loras=1, max_num_seqs=max_num_seqs)
+        sim.add("a0", 4, max_tokens=20, adapter_id=1)
+        sim.step()  # a0 pins the only slot
+        for i in range(3):
+            sim.add(f"b{i}", 4, max_tokens=2, adapter_id=2)
+        sim.add("base", 4, max_tokens=2)
+        names = {s.seq.request.request_id for s in sim.step().scheduled}
+        assert ("base" in names) is is_admitted
+        sim.run()  # and everything is served
+        assert len(sim.finished) == 5
+
+
+def test_priority_preemption_looks_past_at_most_max_num_seqs_requests_without_a_slot():
+    for max_num_seqs, preempts in ((3, True), (2, False)):
+        sim, _, _ = lora_sim(max_loras=1, max_num_seqs=max_num_seqs)
+        for i in range(max_num_seqs):
+            sim.add(f"a{i}", 4, max_tokens=20, priority=3, adapter_id=1)
+        sim.step()  # a full batch pins adapter 1's slot
+        for i in range(2):
+            sim.add(f"b{i}", 4, max_tokens=2, priority=-5, adapter_id=2)  # no slot for these
+        sim.add("urgent", 4, max_tokens=2, priority=-4)
+        out = sim.step()
+        assert bool(out.preempted) is preempts
+        sim.run()
+        assert len(sim.finished) == max_num_seqs + 3

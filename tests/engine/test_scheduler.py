@@ -129,3 +129,46 @@ def test_preempted_sequence_regenerates_the_same_tokens():
         return {s.request.request_id: s.output_token_ids for s in seqs}
 
     assert run(num_blocks=12) == run(num_blocks=1000)
+
+
+def test_fairness_holds_against_a_flood_that_waited_past_aging():
+    # Issue 14: 60 heavy requests with one max_tokens arrive at once; the light tenant comes
+    # after they have all waited 5 aging periods. Aging used to put every queued flood request
+    # levels above the newcomer, so it waited for the whole flood (~90 steps, as with fcfs).
+    sim = Sim.create(max_num_seqs=4, aging_steps=4)
+    for i in range(60):
+        sim.add(f"H{i}", 8, max_tokens=6, tenant="heavy")
+    for _ in range(20):
+        sim.step()
+    for i in range(3):
+        sim.add(f"L{i}", 8, max_tokens=6, tenant="light")
+    arrival = sim.scheduler.num_steps
+    sim.run()
+    # The flood runs in waves of 4 that finish together every 6 steps: the next wave is theirs.
+    assert all(sim.first_token_step[f"L{i}"] - arrival <= 7 for i in range(3)), sim.first_token_step
+    heavy_after = [n for n, s in sim.first_token_step.items() if n.startswith("H") and s > arrival]
+    assert len(heavy_after) > 40  # most of the flood is still waiting behind them
+
+
+def test_a_step_takes_a_bounded_part_of_the_line_whatever_its_length():
+    # The waiting line is an index: a step takes from its front only what it admits, plus the
+    # one that stops admission (no sort of the whole line, whose length here is 2,000).
+    sim = Sim.create(max_num_seqs=4, num_blocks=40_000)
+    for i in range(2000):
+        sim.add(f"r{i}", 8, max_tokens=1 + i % 7, priority=i % 3, tenant=f"t{i % 5}")
+    queue = sim.scheduler.waiting
+    pops = 0
+    real_pop = queue.pop
+
+    def counting_pop():  # type: ignore[no-untyped-def]
+        nonlocal pops
+        pops += 1
+        return real_pop()
+
+    queue.pop = counting_pop  # type: ignore[method-assign]
+    for _ in range(100):
+        before_running = len(sim.scheduler.running)
+        pops = 0
+        out = sim.step()
+        admitted = len(out.scheduled) - before_running
+        assert pops <= admitted + 1

@@ -1,0 +1,280 @@
+"""The waiting line as an index: priority bands, tenants inside a band, arrival inside a tenant.
+
+Order (policy `priority`; `fcfs` puts every sequence in one band and one tenant, which leaves
+arrival order):
+
+- Between bands (a band = the waiting sequences of one priority value): the band whose oldest
+  sequence has the smallest deadline `priority * aging_steps + arrival_step` goes first, ties to
+  the older head. A sequence's aged level `priority - steps_waited // aging_steps` equals
+  `ceil((deadline - now) / aging_steps)`, so this orders bands by their oldest sequence's aged
+  level, and it never changes as steps pass: only a band's oldest sequence moves its place.
+- Inside a band: the tenant served the fewest tokens (the fair-share counter, engine/fairness.py)
+  goes first, ties to the tenant whose oldest sequence in the band arrived first. Aging never
+  reorders tenants inside a band.
+- Inside a tenant's part of a band: arrival order (`arrival_order`, then `seq_id`).
+
+The line is the sequence of successive choices: take the best, remove it, choose again. Taking
+a band's oldest sequence can move that band behind another, so the line is produced by `pop`,
+one sequence at a time, never sorted as a whole.
+
+Layout (every heap is lazy: an entry whose generation or version is not current is stale and is
+dropped when it reaches the top; a heap more than half stale is rebuilt):
+
+    _band_heap          (deadline, head arrival_order, head seq_id, version, priority)
+    _Band.tenant_heap   (served, head arrival_order, head seq_id, version, tenant)
+    _Band.oldest        (arrival_order, seq_id, generation, seq)   every sequence of the band
+    _TenantLine.heap    (arrival_order, seq_id, generation, seq)   one tenant's, in one band
+
+A band's oldest sequence (by arrival_order) is also its earliest arrival_step: both are taken
+at arrival, and a preempted sequence keeps both.
+
+So `add`, `remove` and `pop` cost O(log n) amortized, `peek` O(1) amortized, and a tenant's
+counter change O(log n) per band it waits in. Callers report every change of a waiting tenant's
+counter (`on_served_changed`); the counter of a tenant with waiting sequences changes only when
+it is charged (engine/fairness.py lifts only idle tenants).
+
+Invariant (check_invariants): each band's and each tenant line's current entry names its true
+oldest sequence and its tenant's current counter; counts match the members; every member is in
+exactly its own band and line.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from engine.sequence import Sequence
+
+_SeqEntry = tuple[int, int, int, Sequence]  # (arrival_order, seq_id, generation, seq)
+_TenantEntry = tuple[int, int, int, int, str]
+_BandEntry = tuple[int, int, int, int, int]
+_SLACK = 16  # stale entries tolerated on top of the live ones before a heap is rebuilt
+
+
+@dataclass
+class _TenantLine:
+    heap: list[_SeqEntry] = field(default_factory=list)
+    num_seqs: int = 0
+    head: tuple[int, int] | None = None  # (arrival_order, seq_id) its current entry names
+    version: int = -1
+
+
+@dataclass
+class _Band:
+    priority: int
+    tenants: dict[str, _TenantLine] = field(default_factory=dict)
+    tenant_heap: list[_TenantEntry] = field(default_factory=list)
+    oldest: list[_SeqEntry] = field(default_factory=list)
+    num_seqs: int = 0
+    head: tuple[int, int] | None = None
+    version: int = -1
+
+
+class WaitingQueue:
+    def __init__(self, *, aging_steps: int, served: Callable[[str], int], by_priority: bool = True):
+        self._aging_steps = aging_steps
+        # fcfs: one tenant key for every sequence, whose entry must not move when charged.
+        self._served = served if by_priority else (lambda _tenant: 0)
+        self._by_priority = by_priority
+        self._members: dict[Sequence, int] = {}  # seq -> generation of its live entries
+        self._bands: dict[int, _Band] = {}
+        self._band_heap: list[_BandEntry] = []
+        self._bands_of: dict[str, set[int]] = {}  # tenant -> priorities it waits in
+        self._num_by_adapter: Counter[int] = Counter()
+        self._counter = itertools.count()
+
+    # -- queries -------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __bool__(self) -> bool:
+        return bool(self._members)
+
+    def __contains__(self, seq: object) -> bool:
+        return seq in self._members
+
+    def __iter__(self) -> Iterator[Sequence]:
+        """Every waiting sequence, in no particular order (`pop` gives the line's order)."""
+        return iter(list(self._members))
+
+    def adapters(self) -> list[int]:
+        """The adapters some waiting sequence needs, in increasing id order."""
+        return sorted(self._num_by_adapter)
+
+    def peek(self) -> Sequence | None:
+        band = self._top_band()
+        if band is None:
+            return None
+        return self._head(self._top_line(band).heap)
+
+    def best_level(self, now: int) -> int | None:
+        """The best (smallest) aged level of any waiting sequence: the first band's oldest."""
+        band = self._top_band()
+        if band is None:
+            return None
+        deadline = self._band_heap[0][0]
+        return -((now - deadline) // self._aging_steps)
+
+    # -- mutations -----------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        assert seq not in self._members, "a sequence is already waiting"
+        gen = next(self._counter)
+        self._members[seq] = gen
+        priority, tenant = self._keys(seq)
+        band = self._bands.get(priority)
+        if band is None:
+            band = self._bands[priority] = _Band(priority)
+        line = band.tenants.get(tenant)
+        if line is None:
+            line = band.tenants[tenant] = _TenantLine()
+            self._bands_of.setdefault(tenant, set()).add(priority)
+        entry = (seq.arrival_order, seq.seq_id, gen, seq)
+        heapq.heappush(line.heap, entry)
+        heapq.heappush(band.oldest, entry)
+        line.num_seqs += 1
+        band.num_seqs += 1
+        if seq.adapter_id is not None:
+            self._num_by_adapter[seq.adapter_id] += 1
+        self._refresh(band, tenant, line)
+
+    def remove(self, seq: Sequence) -> None:
+        del self._members[seq]
+        priority, tenant = self._keys(seq)
+        band = self._bands[priority]
+        line = band.tenants[tenant]
+        line.num_seqs -= 1
+        band.num_seqs -= 1
+        if seq.adapter_id is not None:
+            self._num_by_adapter[seq.adapter_id] -= 1
+            if not self._num_by_adapter[seq.adapter_id]:
+                del self._num_by_adapter[seq.adapter_id]
+        self._refresh(band, tenant, line)
+
+    def pop(self) -> Sequence | None:
+        """Remove and return the first sequence of the line."""
+        seq = self.peek()
+        if seq is not None:
+            self.remove(seq)
+        return seq
+
+    def on_served_changed(self, tenant: str) -> None:
+        for priority in self._bands_of.get(tenant, ()):
+            band = self._bands[priority]
+            self._push_line(band, tenant, band.tenants[tenant])
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _keys(self, seq: Sequence) -> tuple[int, str]:
+        if self._by_priority:
+            return seq.priority, seq.tenant_key
+        return 0, ""
+
+    def _head(self, heap: list[_SeqEntry]) -> Sequence:
+        members = self._members
+        while members.get(heap[0][3]) != heap[0][2]:
+            heapq.heappop(heap)
+        return heap[0][3]
+
+    def _top_band(self) -> _Band | None:
+        heap = self._band_heap
+        while heap:
+            band = self._bands.get(heap[0][4])
+            if band is not None and band.version == heap[0][3]:
+                return band
+            heapq.heappop(heap)
+        return None
+
+    def _top_line(self, band: _Band) -> _TenantLine:
+        heap = band.tenant_heap
+        while True:
+            line = band.tenants.get(heap[0][4])
+            if line is not None and line.version == heap[0][3]:
+                return line
+            heapq.heappop(heap)
+
+    def _refresh(self, band: _Band, tenant: str, line: _TenantLine) -> None:
+        """Re-enter the line's and the band's entries if their oldest sequence changed."""
+        if line.num_seqs == 0:
+            del band.tenants[tenant]
+            bands = self._bands_of[tenant]
+            bands.discard(band.priority)
+            if not bands:
+                del self._bands_of[tenant]
+        else:
+            self._compact(line.heap, line.num_seqs)
+            head = self._head(line.heap)
+            if line.head != (head.arrival_order, head.seq_id):
+                self._push_line(band, tenant, line)
+        if band.num_seqs == 0:
+            del self._bands[band.priority]
+            return
+        self._compact(band.oldest, band.num_seqs)
+        head = self._head(band.oldest)
+        key = (head.arrival_order, head.seq_id)
+        if band.head != key:
+            band.head = key
+            band.version = next(self._counter)
+            deadline = band.priority * self._aging_steps + head.arrival_step
+            heapq.heappush(self._band_heap, (deadline, *key, band.version, band.priority))
+            if len(self._band_heap) > 2 * len(self._bands) + _SLACK:
+                self._band_heap = [e for e in self._band_heap if self._is_live_band(e)]
+                heapq.heapify(self._band_heap)
+
+    def _push_line(self, band: _Band, tenant: str, line: _TenantLine) -> None:
+        head = self._head(line.heap)
+        line.head = (head.arrival_order, head.seq_id)
+        line.version = next(self._counter)
+        entry = (self._served(tenant), *line.head, line.version, tenant)
+        heapq.heappush(band.tenant_heap, entry)
+        if len(band.tenant_heap) > 2 * len(band.tenants) + _SLACK:
+            band.tenant_heap = [
+                e for e in band.tenant_heap
+                if (t := band.tenants.get(e[4])) is not None and t.version == e[3]
+            ]  # fmt: skip
+            heapq.heapify(band.tenant_heap)
+
+    def _is_live_band(self, entry: _BandEntry) -> bool:
+        band = self._bands.get(entry[4])
+        return band is not None and band.version == entry[3]
+
+    def _compact(self, heap: list[_SeqEntry], num_live: int) -> None:
+        if len(heap) > 2 * num_live + _SLACK:
+            members = self._members
+            heap[:] = [e for e in heap if members.get(e[3]) == e[2]]
+            heapq.heapify(heap)
+
+    def check_invariants(self) -> None:
+        num_seqs = 0
+        live_bands = 0
+        for priority, band in self._bands.items():
+            seqs = [e[3] for e in band.oldest if self._members.get(e[3]) == e[2]]
+            assert band.num_seqs == len(seqs) > 0, f"band {priority}: count mismatch"
+            oldest = min(seqs, key=lambda s: (s.arrival_order, s.seq_id))
+            assert band.head == (oldest.arrival_order, oldest.seq_id), "stale band head"
+            assert any(self._is_live_band(e) for e in self._band_heap if e[4] == priority)
+            live_bands += 1
+            for tenant, line in band.tenants.items():
+                mine = [e[3] for e in line.heap if self._members.get(e[3]) == e[2]]
+                assert line.num_seqs == len(mine) > 0, f"tenant line {tenant!r}: count mismatch"
+                for seq in mine:
+                    assert self._keys(seq) == (priority, tenant), "sequence in the wrong line"
+                head = min(mine, key=lambda s: (s.arrival_order, s.seq_id))
+                assert line.head == (head.arrival_order, head.seq_id), "stale tenant head"
+                current = [e for e in band.tenant_heap if e[4] == tenant and e[3] == line.version]
+                assert len(current) == 1 and current[0][0] == self._served(tenant), (
+                    f"tenant {tenant!r}: its entry does not carry its served-token counter"
+                )
+                assert priority in self._bands_of[tenant]
+                num_seqs += len(mine)
+        assert num_seqs == len(self._members), "members outside every band"
+        assert live_bands == sum(1 for e in self._band_heap if self._is_live_band(e))
+        by_arrival = sorted(self._members, key=lambda s: (s.arrival_order, s.seq_id))
+        steps = [s.arrival_step for s in by_arrival]
+        assert steps == sorted(steps), "arrival_step decreases as arrival_order grows"
+        adapters = Counter(s.adapter_id for s in self._members if s.adapter_id is not None)
+        assert adapters == self._num_by_adapter, "adapter counts out of sync"
