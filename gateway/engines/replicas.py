@@ -4,6 +4,10 @@ Routing: among healthy replicas, prefer one where the request's adapter is resid
 highest tier its `/v1/models` reports: gpu, then cpu, then merely registered), then the one
 with the fewest outstanding requests. Unhealthy replicas come last, so a request still tries
 them when nothing else is left. Plain data and pure functions: unit-tested without engines.
+
+Affinity has a bound: when the replica an adapter prefers has more than `spill_after` requests
+outstanding beyond the least loaded healthy replica, the request spills there (and loads the
+adapter on its way), so one hot adapter spreads over replicas instead of queueing on one.
 """
 
 from __future__ import annotations
@@ -12,6 +16,10 @@ from dataclasses import dataclass, field
 
 # Higher is better; an adapter a replica does not list ranks 0.
 TIER_RANK = {"gpu": 3, "cpu": 2, "disk": 1}
+
+# Outstanding requests beyond the least loaded replica at which affinity gives way: a cold
+# adapter load costs about what a few queued requests wait, so a handful is the break-even.
+SPILL_AFTER = 8
 
 
 @dataclass
@@ -37,12 +45,22 @@ class Replica:
         return TIER_RANK.get(tier, 1)
 
 
-def route(replicas: list[Replica], adapter: str | None) -> list[Replica]:
+def route(
+    replicas: list[Replica], adapter: str | None, *, spill_after: int = SPILL_AFTER
+) -> list[Replica]:
     """Every replica, best first (the caller tries them in this order)."""
-    return sorted(
+    ranked = sorted(
         replicas,
         key=lambda r: (not r.healthy, -r.adapter_rank(adapter), r.outstanding, r.index),
     )
+    healthy = [r for r in ranked if r.healthy]
+    if adapter is None or not healthy:
+        return ranked
+    least = min(healthy, key=lambda r: (r.outstanding, r.index))
+    if ranked[0].outstanding - least.outstanding > spill_after:
+        ranked.remove(least)
+        ranked.insert(0, least)
+    return ranked
 
 
 def adapter_tiers(models: object) -> dict[str, str]:
