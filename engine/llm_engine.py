@@ -391,7 +391,13 @@ class LLMEngine:
             prompt_tokens_total=self._num_prompt_tokens,
             generation_tokens_total=self._num_generation_tokens,
             served_tokens_by_tenant=self.scheduler.fairness.snapshot(),
-            lora=None if self.lora is None else lora_stats(self.lora),
+            lora=None
+            if self.lora is None
+            else lora_stats(
+                self.lora,
+                running=(adapter_of(s) for s in self.scheduler.running),
+                waiting=(adapter_of(s) for s in self.scheduler.waiting),
+            ),
         )
 
     def check_invariants(self) -> None:

@@ -3,6 +3,7 @@ register the start-up adapters, and snapshot the adapter cache for stats."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -14,6 +15,7 @@ from engine.outputs import LoRAStats
 from lora.dims import BaseModelDims
 from lora.layers import LoRALayers
 from lora.manager import LoRAManager
+from lora.registry import AdapterId
 
 
 def model_dims(mc: ModelConfig, config: EngineConfig) -> BaseModelDims:
@@ -56,7 +58,18 @@ def build_lora_manager(
     return manager
 
 
-def lora_stats(manager: LoRAManager) -> LoRAStats:
+def _names(manager: LoRAManager, adapter_ids: Iterable[AdapterId | None]) -> tuple[str, ...]:
+    records = {record.adapter_id: record.name for record in manager.registry.records()}
+    return tuple(sorted({records[a] for a in adapter_ids if a is not None and a in records}))
+
+
+def lora_stats(
+    manager: LoRAManager,
+    *,
+    running: Iterable[AdapterId | None] = (),
+    waiting: Iterable[AdapterId | None] = (),
+) -> LoRAStats:
+    """`running` / `waiting`: the adapter of each running / waiting request (None: the base)."""
     cache, counters = manager.cache, manager.cache.stats
     return LoRAStats(
         num_adapters=len(manager.registry),
@@ -73,4 +86,6 @@ def lora_stats(manager: LoRAManager) -> LoRAStats:
         prefetches_total=counters.num_prefetches,
         gpu_evictions_total=counters.gpu_evictions,
         cpu_evictions_total=counters.cpu_evictions,
+        running_adapters=_names(manager, running),
+        waiting_adapters=_names(manager, waiting),
     )

@@ -6,6 +6,7 @@ latency histograms are observed by the server when a request finishes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -54,9 +55,15 @@ def bounded_tenant_series(served: dict[str, int]) -> list[tuple[str, int]]:
 class EngineStatsCollector(Collector):
     """Reads the engine's stats snapshot at each scrape."""
 
-    def __init__(self, stats: Callable[[], EngineStats], model_name: str) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], EngineStats],
+        model_name: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._stats = stats
         self._model_name = model_name
+        self._clock = clock
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         family = GaugeMetricFamily(name, doc, labels=["model_name"])
@@ -116,6 +123,19 @@ class EngineStatsCollector(Collector):
         return family
 
     def _lora(self, lora: LoRAStats) -> Iterator[Metric]:
+        # The Gateway API Inference Extension's endpoint picker reads LoRA residency from this
+        # series, exactly as vLLM exports it: no model_name label, adapter names joined by
+        # commas, the snapshot's time as the value (the picker takes the newest series).
+        info = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Adapters of running and waiting requests, and the adapter slots (max_lora).",
+            labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+        )
+        info.add_metric(
+            [str(lora.num_slots), ",".join(lora.running_adapters), ",".join(lora.waiting_adapters)],
+            self._clock(),
+        )
+        yield info
         yield self._by_tier(
             "loragate_engine_adapter_hits",
             "Adapter acquisitions served by a tier (gpu: already in a slot; cpu: from the CPU cache).",

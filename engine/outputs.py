@@ -88,6 +88,10 @@ class LoRAStats:
     prefetches_total: int
     gpu_evictions_total: int
     cpu_evictions_total: int
+    # Adapter names of running / waiting requests, for the Inference Extension's LoRA affinity
+    # (vllm:lora_requests_info).
+    running_adapters: tuple[str, ...] = ()
+    waiting_adapters: tuple[str, ...] = ()
 
 
 @dataclass

@@ -2,6 +2,11 @@
 
 A request may ask for a priority inside its tier's band; anything outside is clamped into the
 band, so a hint can never make a request more urgent than its tier allows.
+
+The same tiers in the Gateway API Inference Extension's convention (an InferenceObjective's
+`priority`: higher is more important, 0 is what a request without an objective gets, negative
+is sheddable under saturation) come from `objective_priorities`; the Helm chart's objectives
+are checked against it.
 """
 
 from __future__ import annotations
@@ -27,3 +32,15 @@ class PriorityMapper:
         """vLLM's priority scheduler also runs lower values first; its default is 0. The offset
         lets a deployment share a vLLM fleet with clients that use their own priorities."""
         return engine_priority + self.vllm_offset
+
+
+def objective_priorities(tiers: Mapping[str, TierBand], default_tier: str) -> dict[str, int]:
+    """tier -> InferenceObjective priority. Tiers are ranked by their default engine priority
+    (lower runs earlier); the default tier is 0, so a request without an objective is treated
+    like one of its tenants; each more urgent rank is 1, 2, ...; each less urgent rank is -1,
+    -2, ... and may be shed. Tiers with the same default share a priority."""
+    if default_tier not in tiers:
+        raise ValueError(f"default_tier {default_tier!r} is not one of the tiers")
+    levels = sorted({band.default for band in tiers.values()})
+    zero = levels.index(tiers[default_tier].default)
+    return {name: zero - levels.index(band.default) for name, band in tiers.items()}
