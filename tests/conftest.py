@@ -53,3 +53,4 @@ from services import (  # noqa: E402, F401
     redis_prefix,
     redis_server_url,
 )
+from vllm_servers import vllm_servers  # noqa: E402, F401

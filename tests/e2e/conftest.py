@@ -1,23 +1,60 @@
-"""End-to-end fixtures: a real gateway process over the real engine on the tiny model."""
+"""End-to-end fixtures: a real gateway process on the tiny model, over each kind of engine the
+gateway drives: the embedded engine (`make run`), two `loragate engine` servers behind the Redis
+quota store (the distributed compose file's path), and two `vllm serve --tokens-only` servers
+(marked `vllm`: `make test-vllm`)."""
 
 from __future__ import annotations
 
+import json
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "gateway"))  # engine_processes
 from gateway_process import GatewayProcess, gateway_env, start_gateway
 
+ENGINE_KINDS = ["embedded", "loragate-http", pytest.param("vllm", marks=pytest.mark.vllm)]
 
-@pytest.fixture(scope="session")
+
+def _engine_env(kind: str, request: pytest.FixtureRequest, workdir: Path) -> dict[str, str]:
+    """The gateway's engine settings for `kind`, starting (and finalizing) its engines."""
+    if kind == "embedded":
+        return {}
+    if kind == "loragate-http":
+        from engine_processes import start_engines
+
+        engines = start_engines(request.getfixturevalue("tiny_model_dir"), workdir, 2)
+        for engine in engines:
+            request.addfinalizer(engine.kill)
+        urls = [e.url for e in engines]
+        kind_name = "loragate"
+    else:
+        urls = [s.url for s in request.getfixturevalue("vllm_servers")]
+        kind_name = "vllm"
+    return {
+        "LORAGATE_ENGINE_MODE": "http",
+        "LORAGATE_ENGINE_KIND": kind_name,
+        "LORAGATE_ENGINE_URLS": json.dumps(urls),
+        "LORAGATE_ENGINE_POLL_INTERVAL_S": "0.3",
+        "LORAGATE_QUOTA_STORE": "redis",
+        "LORAGATE_REDIS_URL": request.getfixturevalue("redis_server_url"),
+        "LORAGATE_REDIS_KEY_PREFIX": f"lgtest:e2e:{uuid.uuid4().hex[:12]}:",
+    }
+
+
+@pytest.fixture(scope="session", params=ENGINE_KINDS)
 def gateway_proc(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[GatewayProcess]:
-    workdir = tmp_path_factory.mktemp("e2e-gateway")
-    gateway = start_gateway(gateway_env(tiny_model_dir, workdir), workdir)
+    workdir = tmp_path_factory.mktemp(f"e2e-gateway-{request.param}")
+    env = gateway_env(tiny_model_dir, workdir, **_engine_env(request.param, request, workdir))
+    gateway = start_gateway(env, workdir)
     try:
         yield gateway
     finally:

@@ -1,0 +1,64 @@
+"""Helpers for the gateway on real vLLM servers: gateway settings, the usage ledger's rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+from gateway_process import BIN, STARTUP_TIMEOUT_S, GatewayProcess, free_port, gateway_env
+from vllm_servers import VllmServer
+
+
+def vllm_gateway_env(
+    model_dir: Path, workdir: Path, servers: list[VllmServer], **extra: str
+) -> dict[str, str]:
+    settings = {
+        "LORAGATE_ENGINE_MODE": "http",
+        "LORAGATE_ENGINE_KIND": "vllm",
+        "LORAGATE_ENGINE_URLS": json.dumps([s.url for s in servers]),
+        "LORAGATE_ENGINE_POLL_INTERVAL_S": "0.3",
+    }
+    return gateway_env(model_dir, workdir, **{**settings, **extra})
+
+
+def usage_rows(workdir: Path, tenant_id: str) -> list[sqlite3.Row]:
+    """The ledger's rows for a tenant, read from the gateway's own database file."""
+    db = sqlite3.connect(workdir / "gateway.db")
+    db.row_factory = sqlite3.Row
+    try:
+        return db.execute(
+            "SELECT * FROM usage_records WHERE tenant_id = ? ORDER BY started_at", (tenant_id,)
+        ).fetchall()
+    finally:
+        db.close()
+
+
+def restart_gateway(gateway: GatewayProcess, env: dict[str, str], workdir: Path) -> GatewayProcess:
+    """The same gateway (database, adapters, admin key) started again after `stop()`: no
+    bootstrap, which would refuse a database that has its admin already."""
+    port = free_port()
+    log_path = workdir / f"gateway-{port}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [str(BIN / "loragate"), "serve", "--host", "127.0.0.1", "--port", str(port)],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    restarted = dataclasses.replace(gateway, url=f"http://127.0.0.1:{port}", proc=proc,
+                                    log_path=log_path)  # fmt: skip
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gateway exited early:\n{log_path.read_text()[-3000:]}")
+        try:
+            if httpx.get(restarted.url + "/ready", timeout=2).status_code == 200:
+                return restarted
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    restarted.stop()
+    raise RuntimeError("gateway did not become ready")

