@@ -56,6 +56,7 @@ _SLACK = 16  # stale entries tolerated on top of the live ones before a heap is 
 
 @dataclass
 class _TenantLine:
+    tenant: str
     heap: list[_SeqEntry] = field(default_factory=list)
     num_seqs: int = 0
     head: tuple[int, int] | None = None  # (arrival_order, seq_id) its current entry names
@@ -131,41 +132,42 @@ class WaitingQueue:
             band = self._bands[priority] = _Band(priority)
         line = band.tenants.get(tenant)
         if line is None:
-            line = band.tenants[tenant] = _TenantLine()
+            line = band.tenants[tenant] = _TenantLine(tenant)
             self._bands_of.setdefault(tenant, set()).add(priority)
-        entry = (seq.arrival_order, seq.seq_id, gen, seq)
+        key = (seq.arrival_order, seq.seq_id)
+        entry = (*key, gen, seq)
         heapq.heappush(line.heap, entry)
         heapq.heappush(band.oldest, entry)
         line.num_seqs += 1
         band.num_seqs += 1
         if seq.adapter_id is not None:
             self._num_by_adapter[seq.adapter_id] += 1
-        self._refresh(band, tenant, line)
+        if line.head is None or key < line.head:
+            self._push_line(band, tenant, line, key)
+        if band.head is None or key < band.head:
+            self._push_band(band, key, seq.arrival_step)
 
     def remove(self, seq: Sequence) -> None:
-        del self._members[seq]
         priority, tenant = self._keys(seq)
         band = self._bands[priority]
-        line = band.tenants[tenant]
-        line.num_seqs -= 1
-        band.num_seqs -= 1
-        if seq.adapter_id is not None:
-            self._num_by_adapter[seq.adapter_id] -= 1
-            if not self._num_by_adapter[seq.adapter_id]:
-                del self._num_by_adapter[seq.adapter_id]
-        self._refresh(band, tenant, line)
+        self._remove(seq, band, tenant, band.tenants[tenant])
 
     def pop(self) -> Sequence | None:
         """Remove and return the first sequence of the line."""
-        seq = self.peek()
-        if seq is not None:
-            self.remove(seq)
+        band = self._top_band()
+        if band is None:
+            return None
+        line = self._top_line(band)
+        seq = self._head(line.heap)
+        self._remove(seq, band, line.tenant, line)
         return seq
 
     def on_served_changed(self, tenant: str) -> None:
         for priority in self._bands_of.get(tenant, ()):
             band = self._bands[priority]
-            self._push_line(band, tenant, band.tenants[tenant])
+            line = band.tenants[tenant]
+            assert line.head is not None
+            self._push_line(band, tenant, line, line.head)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -197,8 +199,14 @@ class WaitingQueue:
                 return line
             heapq.heappop(heap)
 
-    def _refresh(self, band: _Band, tenant: str, line: _TenantLine) -> None:
-        """Re-enter the line's and the band's entries if their oldest sequence changed."""
+    def _remove(self, seq: Sequence, band: _Band, tenant: str, line: _TenantLine) -> None:
+        del self._members[seq]
+        if seq.adapter_id is not None:
+            self._num_by_adapter[seq.adapter_id] -= 1
+            if not self._num_by_adapter[seq.adapter_id]:
+                del self._num_by_adapter[seq.adapter_id]
+        key = (seq.arrival_order, seq.seq_id)
+        line.num_seqs -= 1
         if line.num_seqs == 0:
             del band.tenants[tenant]
             bands = self._bands_of[tenant]
@@ -207,29 +215,24 @@ class WaitingQueue:
                 del self._bands_of[tenant]
         else:
             self._compact(line.heap, line.num_seqs)
-            head = self._head(line.heap)
-            if line.head != (head.arrival_order, head.seq_id):
-                self._push_line(band, tenant, line)
+            if key == line.head:
+                head = self._head(line.heap)
+                self._push_line(band, tenant, line, (head.arrival_order, head.seq_id))
+        band.num_seqs -= 1
         if band.num_seqs == 0:
             del self._bands[band.priority]
             return
         self._compact(band.oldest, band.num_seqs)
-        head = self._head(band.oldest)
-        key = (head.arrival_order, head.seq_id)
-        if band.head != key:
-            band.head = key
-            band.version = next(self._counter)
-            deadline = band.priority * self._aging_steps + head.arrival_step
-            heapq.heappush(self._band_heap, (deadline, *key, band.version, band.priority))
-            if len(self._band_heap) > 2 * len(self._bands) + _SLACK:
-                self._band_heap = [e for e in self._band_heap if self._is_live_band(e)]
-                heapq.heapify(self._band_heap)
+        if key == band.head:
+            head = self._head(band.oldest)
+            self._push_band(band, (head.arrival_order, head.seq_id), head.arrival_step)
 
-    def _push_line(self, band: _Band, tenant: str, line: _TenantLine) -> None:
-        head = self._head(line.heap)
-        line.head = (head.arrival_order, head.seq_id)
+    def _push_line(
+        self, band: _Band, tenant: str, line: _TenantLine, head: tuple[int, int]
+    ) -> None:
+        line.head = head
         line.version = next(self._counter)
-        entry = (self._served(tenant), *line.head, line.version, tenant)
+        entry = (self._served(tenant), *head, line.version, tenant)
         heapq.heappush(band.tenant_heap, entry)
         if len(band.tenant_heap) > 2 * len(band.tenants) + _SLACK:
             band.tenant_heap = [
@@ -237,6 +240,15 @@ class WaitingQueue:
                 if (t := band.tenants.get(e[4])) is not None and t.version == e[3]
             ]  # fmt: skip
             heapq.heapify(band.tenant_heap)
+
+    def _push_band(self, band: _Band, head: tuple[int, int], arrival_step: int) -> None:
+        band.head = head
+        band.version = next(self._counter)
+        deadline = band.priority * self._aging_steps + arrival_step
+        heapq.heappush(self._band_heap, (deadline, *head, band.version, band.priority))
+        if len(self._band_heap) > 2 * len(self._bands) + _SLACK:
+            self._band_heap = [e for e in self._band_heap if self._is_live_band(e)]
+            heapq.heapify(self._band_heap)
 
     def _is_live_band(self, entry: _BandEntry) -> bool:
         band = self._bands.get(entry[4])
