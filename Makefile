@@ -87,6 +87,8 @@ bench: $(STAMP) $(MODEL_DIR)/small/config.json
 	$(BIN)/python bench/gateway_overhead.py --model $(MODEL_DIR)/tiny --json bench/out/gateway_overhead.json
 	$(BIN)/python bench/quota_admission.py --json bench/out/quota_admission.json
 	$(BIN)/python bench/lora_throughput.py --model $(MODEL_DIR)/small --json bench/out/lora_throughput.json
+	$(BIN)/python bench/scheduler_scale.py --json bench/out/scheduler_scale.json
+	$(BIN)/python bench/fairness.py --json bench/out/fairness.json
 
 bench-quick: $(STAMP) $(MODEL_DIR)/tiny/config.json
 	mkdir -p bench/out
@@ -94,6 +96,8 @@ bench-quick: $(STAMP) $(MODEL_DIR)/tiny/config.json
 	$(BIN)/python bench/gateway_overhead.py --quick --model $(MODEL_DIR)/tiny --json bench/out/gateway_overhead.json
 	$(BIN)/python bench/quota_admission.py --quick --json bench/out/quota_admission.json
 	$(BIN)/python bench/lora_throughput.py --quick --model $(MODEL_DIR)/tiny --json bench/out/lora_throughput.json
+	$(BIN)/python bench/scheduler_scale.py --quick --json bench/out/scheduler_scale.json
+	$(BIN)/python bench/fairness.py --quick --json bench/out/fairness.json
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
