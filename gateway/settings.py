@@ -37,6 +37,9 @@ class GatewaySettings(TenancySettings):
     # How often replica health and adapter residency (/v1/models tiers) are refreshed.
     engine_poll_interval_s: float = Field(default=2.0, gt=0)
     engine_max_connections: int = Field(default=256, ge=1)
+    # Behind the Gateway API Inference Extension (engine_urls: the inference gateway): each
+    # engine request names its tier's InferenceObjective, `<prefix><tier>`.
+    engine_objective_prefix: str | None = Field(default=None, pattern=r"^[a-z0-9][-a-z0-9.]*$")
     # The in-process engine's options: the same as `loragate engine`'s flags (engine/settings.py),
     # as LORAGATE_ENGINE__MAX_LORAS, ... In HTTP mode only `max_model_len` is read (a cap on
     # the context the gateway plans for).

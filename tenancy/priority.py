@@ -28,6 +28,16 @@ class PriorityMapper:
             return band.default
         return min(max(hint, band.lo), band.hi)
 
+    def tier_of(self, engine_priority: int) -> str | None:
+        """The tier whose band holds this priority (bands may overlap: the most urgent one, by
+        default priority); None when no band does."""
+        holding = [
+            (band.default, name)
+            for name, band in self.tiers.items()
+            if band.lo <= engine_priority <= band.hi
+        ]
+        return min(holding)[1] if holding else None
+
     def vllm_priority(self, engine_priority: int) -> int:
         """vLLM's priority scheduler also runs lower values first; its default is 0. The offset
         lets a deployment share a vLLM fleet with clients that use their own priorities."""

@@ -33,10 +33,13 @@ from gateway.errors import EngineFailed, EngineOverloaded, ModelNotFound
 from gateway.policy import AdapterRef
 from gateway.settings import GatewaySettings
 from tenancy.errors import BadRequest, ClientError
+from tenancy.priority import PriorityMapper
 
 log = logging.getLogger(__name__)
 
 GENERATE = "/inference/v1/generate"
+# The Gateway API Inference Extension reads a request's InferenceObjective from this header.
+OBJECTIVE_HEADER = b"x-gateway-inference-objective"
 
 ReadEvent = Callable[[str], GenerateResponse]
 
@@ -54,6 +57,28 @@ def wire_body(
     if not vllm:
         return request.model_dump_json(exclude_none=True).encode()
     return vllm_dialect.request_body(request, vllm_priority)
+
+
+def _objectives(settings: GatewaySettings) -> Callable[[int], str | None] | None:
+    """engine priority -> `<prefix><tier>` when the engines sit behind an inference gateway."""
+    prefix = settings.engine_objective_prefix
+    if prefix is None:
+        return None
+    mapper = PriorityMapper(settings.tiers)
+
+    def objective(priority: int) -> str | None:
+        tier = mapper.tier_of(priority)
+        return None if tier is None else prefix + tier
+
+    return objective
+
+
+def objective_header(name: str | None) -> bytes:
+    """The header line naming an InferenceObjective; none for a name that is not a plain token
+    (tier names come from settings, never from clients)."""
+    if name is None or not name.isascii() or not all(c.isalnum() or c in "-._" for c in name):
+        return b""
+    return OBJECTIVE_HEADER + b": " + name.encode() + b"\r\n"
 
 
 def _error_for(status: int, body: bytes) -> ClientError:
@@ -170,9 +195,11 @@ class HttpEngineClient:
         poll_interval_s: float = 2.0,
         max_connections: int = 256,
         spill_after: int = SPILL_AFTER,
+        objective: Callable[[int], str | None] | None = None,
     ) -> None:
         self.model_name = model_name
         self._spill_after = spill_after
+        self._objective = objective  # engine priority -> InferenceObjective name
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.replicas = [Replica(index=i, url=url) for i, url in enumerate(urls)]
@@ -216,6 +243,7 @@ class HttpEngineClient:
             connect_timeout_s=settings.engine_connect_timeout_s,
             poll_interval_s=settings.engine_poll_interval_s,
             max_connections=settings.engine_max_connections,
+            objective=_objectives(settings),
         )
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -328,28 +356,34 @@ class HttpEngineClient:
                 "Prompt logprobs (echo with logprobs) need n = 1 on these engines.", param="n"
             )
         body = wire_body(request, vllm=self._vllm, vllm_priority=self._vllm_priority)
+        headers = objective_header(self._objective(request.priority)) if self._objective else b""
         error: ClientError = EngineFailed("No engine replica is available.", status_code=502)
         for replica in route(self.replicas, request.model, spill_after=self._spill_after):
             try:
-                return await self._try(replica, request, body, adapter)
+                return await self._try(replica, request, body, headers, adapter)
             except _TryNext as failed:
                 error = failed.error
         raise error
 
     async def _try(
-        self, replica: Replica, request: GenerateRequest, body: bytes, adapter: AdapterRef | None
+        self,
+        replica: Replica,
+        request: GenerateRequest,
+        body: bytes,
+        headers: bytes,
+        adapter: AdapterRef | None,
     ) -> HttpStream:
         replica.outstanding += 1
         handed_over = False
         try:
             if adapter is not None and replica.adapter_rank(adapter.engine_name) == 0:
                 await self._load_adapter(replica, adapter)
-            response = await self._send(replica, body)
+            response = await self._send(replica, body, headers)
             if response.status == 404 and adapter is not None:
                 await self._discard(response)  # the replica lost the adapter (restart): reload
                 replica.adapters.pop(adapter.engine_name, None)
                 await self._load_adapter(replica, adapter)
-                response = await self._send(replica, body)
+                response = await self._send(replica, body, headers)
             if response.status != 200:
                 try:
                     error = _error_for(response.status, await response.read())
@@ -375,10 +409,10 @@ class HttpEngineClient:
             if not handed_over:
                 replica.outstanding -= 1
 
-    async def _send(self, replica: Replica, body: bytes) -> Response:
+    async def _send(self, replica: Replica, body: bytes, headers: bytes) -> Response:
         try:
             return await self._pools[replica.index].post(
-                GENERATE, body, content_type="application/json"
+                GENERATE, body, content_type="application/json", headers=headers
             )
         except WireError as exc:
             self.mark_failed(replica)

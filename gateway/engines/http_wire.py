@@ -145,12 +145,15 @@ class Pool:
             conn.close()
         self._idle.clear()
 
-    async def post(self, path: str, body: bytes, *, content_type: str) -> Response:
-        """Send one request; a stale pooled connection is retried once on a fresh one."""
+    async def post(
+        self, path: str, body: bytes, *, content_type: str, headers: bytes = b""
+    ) -> Response:
+        """Send one request; a stale pooled connection is retried once on a fresh one.
+        `headers`: extra header lines, each ending in CRLF, from trusted configuration only."""
         head = (
             b"POST " + path.encode() + b" HTTP/1.1\r\nhost: " + self._host_header
             + b"\r\ncontent-type: " + content_type.encode()
-            + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n"
+            + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n" + headers + b"\r\n"
         )  # fmt: skip
         while self._idle:
             conn = self._idle.pop()

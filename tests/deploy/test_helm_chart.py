@@ -142,9 +142,12 @@ def test_objectives_carry_the_tiers_priorities_and_the_pool_selects_the_engines(
     engine_labels = by_kind(docs, "StatefulSet")[0]["spec"]["template"]["metadata"]["labels"]
     assert pool["selector"]["matchLabels"] == engine_labels
     assert pool["targetPorts"] == [{"number": 8100}]
-    # With the extension, the gateways send to the inference gateway, not to engines directly.
-    urls = by_kind(docs, "ConfigMap")[0]["data"]["LORAGATE_ENGINE_URLS"]
-    assert urls == '["http://inference-gateway:80"]'
+    # With the extension, the gateways send to the inference gateway, not to engines directly,
+    # and name each request's objective: the prefix plus the tier is an objective's name.
+    data = by_kind(docs, "ConfigMap")[0]["data"]
+    assert data["LORAGATE_ENGINE_URLS"] == '["http://inference-gateway:80"]'
+    assert {data["LORAGATE_ENGINE_OBJECTIVE_PREFIX"] + t for t in expected} == set(objectives)
+    assert "LORAGATE_ENGINE_OBJECTIVE_PREFIX" not in by_kind(render({}), "ConfigMap")[0]["data"]
 
 
 def test_autoscaling_on_queue_depth_lists_every_ordinal() -> None:
