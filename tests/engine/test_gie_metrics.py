@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -53,3 +56,29 @@ def test_queue_and_kv_metrics_the_picker_scores() -> None:
     assert samples["vllm:num_requests_running"] == [({"model_name": "tiny"}, 2.0)]
     assert samples["vllm:kv_cache_usage_perc"] == [({"model_name": "tiny"}, 0.25)]
     assert "vllm:lora_requests_info" not in samples  # LoRA disabled: no residency to report
+
+
+def test_the_real_engine_reports_running_and_waiting_adapters(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """One running seat: the request on `sql` runs, the one on `chat` waits, and the metric
+    names them as the endpoint picker reads them."""
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from tests.engine.engine_helpers import request
+    from tests.lora.peft_builders import AdapterSpec, make_peft_adapter
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), served_model_name="tiny",
+                                    num_kv_blocks=64, max_num_seqs=1, max_loras=2,
+                                    max_lora_rank=16))  # fmt: skip
+    assert engine.lora is not None
+    for name, seed in (("sql", 1), ("chat", 2)):
+        spec = AdapterSpec(name, r=8, alpha=16, seed=seed)
+        engine.lora.add(name, str(make_peft_adapter(tiny_model_dir, tmp_path / name, spec)))
+    for rid, adapter in (("r1", "sql"), ("r2", "chat"), ("r3", None)):
+        req = request(rid, [5, 6, 7], max_tokens=4)
+        engine.add_request(dataclasses.replace(req, adapter_name=adapter))
+    engine.step()
+    [(labels, _)] = _samples(engine.stats())["vllm:lora_requests_info"]
+    assert labels == {"max_lora": "2", "running_lora_adapters": "sql",
+                      "waiting_lora_adapters": "chat"}  # fmt: skip
