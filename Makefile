@@ -8,7 +8,7 @@ TORCH := torch==2.13.0
 MODEL_DIR ?= .cache/models
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-slow test-chaos test-vllm vllm-venv lint format bench bench-quick engine clean
+.PHONY: install run test browser-deps test-slow test-chaos test-vllm vllm-venv lint format bench bench-quick engine clean
 
 # Install order matters: the CPU torch first, then everything else with torch pinned, or pip
 # resolves a CUDA build and gigabytes of CUDA packages.
@@ -48,7 +48,17 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: lint
+# The dashboard's browser tests drive Debian's Chromium through Selenium: installed here when
+# missing and apt is there as root; otherwise those tests skip and print why.
+browser-deps:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+	  || { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; } \
+	  || echo "browser-deps: apt could not install chromium; the browser tests will skip"; \
+	else echo "browser-deps: no chromium and no apt as root; the browser tests will skip"; fi
+
+test: lint browser-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-slow: $(STAMP)

@@ -73,6 +73,7 @@ async def build_state(settings: GatewaySettings) -> GatewayState:
         max_pending=settings.usage_max_pending,
     )
     usage.start()
+    metrics.usage_ledger.watch(usage)
     policy = PolicyService(
         runtime, base_model=settings.model_name, cache_ttl_s=settings.policy_cache_ttl_s
     )

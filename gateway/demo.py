@@ -141,8 +141,11 @@ async def add_demo_adapters(
             )
 
 
-def banner(key: str, *, host: str, port: int, model: str) -> str:
+def banner(
+    key: str, *, host: str, port: int, model: str, state_dir: Path = Path(".cache/demo")
+) -> str:
     base = f"http://{host}:{port}/v1"
+    root = f"http://{host}:{port}"
     return f"""
 loragate demo: the gateway with the in-process engine on the tiny model.
 
@@ -170,6 +173,20 @@ Two demo LoRA adapters belong to the demo tenant: use "model": "{DEMO_ADAPTERS[0
 Models this key may use: curl -s {base}/models -H "Authorization: Bearer {key}"
 Metrics: http://{host}:{port}/metrics   Readiness: http://{host}:{port}/ready
 (The tiny model has random weights: expect fluent-looking nonsense.)
+
+Operators: an admin key first (printed once; --force makes another):
+
+    loragate admin bootstrap --dir {state_dir}
+
+Dashboard (log in with that key): {root}/dashboard    API docs: {root}/docs
+Admin CLI, over the REST API (the key from the environment, never an argument):
+
+    export LORAGATE_ADMIN_URL={root}
+    read -rs LORAGATE_ADMIN_KEY && export LORAGATE_ADMIN_KEY   # paste the admin key
+    loragate admin tenants list
+    loragate admin quotas state <tenant id>        # live: used, remaining, resets
+    loragate admin usage <tenant id>
+    loragate admin --help
 """
 
 
@@ -181,7 +198,10 @@ def _demo(args: argparse.Namespace) -> int:
     if settings is None or not metrics_guarded(settings, args.host):
         return 2
     key = asyncio.run(prepare(settings))
-    print(banner(key, host=args.host, port=args.port, model=settings.model_name), flush=True)
+    text = banner(
+        key, host=args.host, port=args.port, model=settings.model_name, state_dir=args.dir
+    )
+    print(text, flush=True)
     if not args.no_serve:
         run_server(settings, host=args.host, port=args.port, log_level="info")
     return 0

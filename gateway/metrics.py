@@ -14,6 +14,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from engine.protocol import tenant_label as hashed_tenant
+from gateway.usage_metrics import UsageLedgerCollector
 
 UNKNOWN = "unknown"
 OTHER = "other"
@@ -88,6 +89,8 @@ class GatewayMetrics:
             "loragate_gateway_rejections", "Rejected inference requests by reason.",
             [*labels, "reason"], registry=r,
         )  # fmt: skip
+        self.usage_ledger = UsageLedgerCollector()  # the app points it at its usage writer
+        r.register(self.usage_ledger)
 
     def labels(self, tenant: str | None, model: str | None) -> tuple[str, str]:
         tenant_label = self.tenant_label(hashed_tenant(tenant)) if tenant else NO_TENANT

@@ -1,4 +1,5 @@
-"""`loragate admin ...`: migrate the database and bootstrap the first admin key."""
+"""`loragate admin ...`: migrate the database and bootstrap the first admin key (on the database);
+every other admin command goes through the REST API (tenancy/admin_cli/)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tenancy.admin_cli import add_rest_commands
 from tenancy.bootstrap import bootstrap_admin
 from tenancy.db import make_engine, make_sessionmaker
 from tenancy.errors import ClientError
@@ -38,6 +40,7 @@ def add_subcommands(subparsers: Any) -> None:
     boot.add_argument("--force", action="store_true", help="create one even if one exists")
     boot.add_argument("--dir", type=Path, default=None, help=STATE_HELP)
     boot.set_defaults(handler=_bootstrap)
+    add_rest_commands(commands)  # tenants, keys, quotas, adapters, usage, audit: over the API
 
 
 def _settings(state_dir: Path | None) -> TenancySettings | None:

@@ -128,8 +128,11 @@ def bootstrap_admin(env: dict[str, str]) -> str:
     return done.stdout.strip()
 
 
-def start_gateway(env: dict[str, str], workdir: Path, *args: str) -> GatewayProcess:
-    port = free_port()
+def start_gateway(
+    env: dict[str, str], workdir: Path, *args: str, port: int | None = None
+) -> GatewayProcess:
+    """`port`: when the settings must name the gateway's own URL (an SSO callback)."""
+    port = port or free_port()
     log_path = workdir / f"gateway-{port}.log"
     admin_key = bootstrap_admin(env)
     log = open(log_path, "wb")  # noqa: SIM115 (lives as long as the process)

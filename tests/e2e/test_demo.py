@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -181,3 +182,28 @@ def test_the_demo_adapters_are_listed_and_usable(demo: Demo) -> None:
         body = {"model": model, "messages": [{"role": "user", "content": "Ahoy"}], "max_tokens": 4}
         r = httpx.post(base + "/chat/completions", json=body, headers=headers, timeout=60)
         assert r.status_code == 200 and r.json()["model"] == model
+
+
+def test_the_printed_admin_lines_work(demo: Demo) -> None:
+    """The operator's lines: bootstrap (the fixture ran it as printed), the dashboard and docs
+    URLs, and the admin CLI with the URL it exports and the key it reads."""
+    assert "loragate admin bootstrap --dir" in demo.banner
+    cli = _block(demo.banner, "Admin CLI, over the REST API")
+    url = cli.splitlines()[0].split("export LORAGATE_ADMIN_URL=", 1)[1].strip()
+    dashboard = demo.banner.split("Dashboard (log in with that key): ", 1)[1].split()[0]
+    assert dashboard == url + "/dashboard"
+    r = httpx.get(dashboard, follow_redirects=False, timeout=10)
+    assert r.status_code == 303 and r.headers["location"] == "/dashboard/login"
+    assert httpx.get(url + "/docs", timeout=10).status_code == 200
+    env = {**os.environ, "LORAGATE_ADMIN_URL": url,
+           "LORAGATE_ADMIN_KEY": demo.admin_key}  # fmt: skip
+    listed = subprocess.run(
+        [str(BIN / "loragate"), "admin", "tenants", "list", "--json"],
+        env=env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    demo_tenant = next(t for t in json.loads(listed.stdout) if t["name"] == "demo")
+    state = subprocess.run(
+        [str(BIN / "loragate"), "admin", "quotas", "state", demo_tenant["id"]],
+        env=env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert "requests_per_minute" in state.stdout and "120" in state.stdout  # the demo policy

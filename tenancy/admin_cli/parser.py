@@ -1,0 +1,142 @@
+"""The argument tree of the REST commands under `loragate admin` (tenancy/cli.py adds them)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from tenancy.admin_cli import commands as c
+
+SCOPES = ("inference", "tenant-admin", "admin")
+
+
+def _limit(text: str) -> int | None:
+    """A limit: a count, or `unlimited`."""
+    if text.lower() in ("unlimited", "none", "null"):
+        return None
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more, or 'unlimited'")
+    return value
+
+
+def _date(text: str) -> str:
+    return dt.date.fromisoformat(text).isoformat()
+
+
+def _when(text: str) -> str:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).isoformat()
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="the API's answer as JSON (scripts)")
+    common.add_argument("--profile", default=None,
+                        help="a saved profile (default: LORAGATE_ADMIN_URL/KEY, else 'default')")  # fmt: skip
+    return common
+
+
+def _command(group: Any, name: str, handler: c.Handler, help: str, common: Any) -> Any:
+    parser = group.add_parser(name, help=help, description=help, parents=[common])
+    parser.set_defaults(handler=lambda args: c.run(handler, args))
+    return parser
+
+
+def add_rest_commands(admin: Any) -> None:
+    common = _common()
+
+    tenants = admin.add_parser("tenants", help="tenants").add_subparsers(dest="verb", required=True)
+    _command(tenants, "list", c.tenants_list, "list the tenants you may see", common)
+    p = _command(tenants, "get", c.tenants_get, "one tenant", common)
+    p.add_argument("tenant", help="tenant id")
+    p = _command(tenants, "create", c.tenants_create, "create a tenant (admin)", common)
+    p.add_argument("name")
+    p.add_argument("--tier", default=None, help="a tier name (default: the server's default)")
+    p = _command(tenants, "update", c.tenants_update, "rename, re-tier or suspend (admin)", common)
+    p.add_argument("tenant")
+    p.add_argument("--name")
+    p.add_argument("--tier")
+    p.add_argument("--status", choices=("active", "suspended"))
+    p = _command(tenants, "delete", c.tenants_delete, "delete a tenant (admin)", common)
+    p.add_argument("tenant")
+    p.add_argument("--yes", action="store_true", help="confirm")
+    p = _command(tenants, "rotate-salt", c.tenants_rotate_salt, "new cache-salt epoch", common)
+    p.add_argument("tenant")
+
+    keys = admin.add_parser("keys", help="API keys").add_subparsers(dest="verb", required=True)
+    p = _command(keys, "list", c.keys_list, "a tenant's keys (prefix and last four)", common)
+    p.add_argument("tenant")
+    p = _command(keys, "create", c.keys_create, "create a key; prints it once", common)
+    p.add_argument("tenant")
+    p.add_argument("name")
+    p.add_argument("--scope", action="append", choices=SCOPES,
+                   help="repeat for several (default: inference)")  # fmt: skip
+    p.add_argument("--expires-at", type=_when, default=None, help="ISO time (UTC if no zone)")
+    p = _command(
+        keys, "rotate", c.keys_rotate, "a new key; the old one works for the grace", common
+    )
+    p.add_argument("tenant")
+    p.add_argument("key_id")
+    p.add_argument("--grace-seconds", type=float, default=None)
+    p = _command(keys, "revoke", c.keys_revoke, "revoke a key at once", common)
+    p.add_argument("tenant")
+    p.add_argument("key_id")
+
+    quotas = admin.add_parser("quotas", help="quota policies and live state").add_subparsers(
+        dest="verb", required=True
+    )
+    for verb, handler, text in (
+        ("get", c.quotas_get, "a tenant's (or --key's) quota policy"),
+        ("set", c.quotas_set, "replace the policy; a limit not given is unlimited"),
+        ("state", c.quotas_state, "live state from the quota store: used, remaining, resets"),
+    ):
+        p = _command(quotas, verb, handler, text, common)
+        p.add_argument("tenant")
+        p.add_argument("--key", default=None, help="a key id: its own policy")
+        if verb == "set":
+            for field, flag in (("requests_per_minute", "--rpm"), ("tokens_per_minute", "--tpm"),
+                                ("max_concurrent", "--concurrent"),
+                                ("daily_token_budget", "--daily-tokens"),
+                                ("monthly_token_budget", "--monthly-tokens")):  # fmt: skip
+                p.add_argument(flag, dest=field, type=_limit, default=None,
+                               metavar="N|unlimited")  # fmt: skip
+
+    adapters = admin.add_parser("adapters", help="LoRA adapters").add_subparsers(
+        dest="verb", required=True
+    )
+    p = _command(
+        adapters, "list", c.adapters_list, "a tenant's adapters and the public ones", common
+    )
+    p.add_argument("tenant")
+    p = _command(adapters, "get", c.adapters_get, "one adapter", common)
+    p.add_argument("tenant")
+    p.add_argument("adapter", help="adapter id")
+    p = _command(adapters, "upload", c.adapters_upload,
+                 "upload a PEFT directory or a .zip/.tar.gz, with progress", common)  # fmt: skip
+    p.add_argument("source", type=Path, metavar="DIR|ARCHIVE")
+    p.add_argument("--name", required=True, help="the name clients use as `model`")
+    p.add_argument("--tenant", default=None, help="the owning tenant's id")
+    p.add_argument("--public", action="store_true", help="visible to every tenant (admin)")
+    p = _command(adapters, "delete", c.adapters_delete, "delete an adapter", common)
+    p.add_argument("tenant")
+    p.add_argument("adapter")
+
+    p = _command(admin, "usage", c.usage, "usage per day and model", common)
+    p.add_argument("tenant")
+    p.add_argument("--since", type=_date, default=None, help="YYYY-MM-DD")
+    p.add_argument("--until", type=_date, default=None, help="YYYY-MM-DD")
+
+    p = _command(admin, "audit", c.audit, "the audit log, newest first", common)
+    p.add_argument("--tenant", default=None)
+    p.add_argument("--action", default=None, help="e.g. key.create")
+    p.add_argument("--actor", default=None)
+    p.add_argument("--since", type=_when, default=None)
+    p.add_argument("--until", type=_when, default=None)
+    p.add_argument("--limit", type=int, default=None)
+
+    p = admin.add_parser("login", help="save a profile (URL and key; the key read from stdin)")
+    p.add_argument("--url", required=True, help="the gateway, e.g. https://gateway.example")
+    p.add_argument("--profile", default=None)
+    p.set_defaults(handler=c.login)

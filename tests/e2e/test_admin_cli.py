@@ -1,0 +1,278 @@
+"""Issue 11, acceptance 4: every `loragate admin` REST command against a real `loragate serve`
+process (the session's gateway). Commands run in this process through the console script's
+`main` (fast); the upload also runs as the real console script, to show its progress output and
+a server-side validation error reaching the user intact."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from gateway_process import BIN, GatewayProcess
+
+from gateway.cli import main
+from gateway.demo_adapters import demo_adapter_files
+from tenancy.adapters.base_model import base_model_spec
+
+MODEL = "tiny"
+# The CLI speaks to the API, whatever engine serves: the embedded gateway is enough.
+pytestmark = pytest.mark.parametrize("gateway_proc", ["embedded"], indirect=True)
+
+
+class Cli:
+    def __init__(self, gateway: GatewayProcess, capsys: pytest.CaptureFixture[str]) -> None:
+        self.gateway = gateway
+        self.capsys = capsys
+
+    def run(self, *argv: str, stdin: str | None = None) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        old = sys.stdin
+        if stdin is not None:
+            sys.stdin = io.StringIO(stdin)
+        try:
+            code = main(["admin", *argv])
+        except SystemExit as exc:  # argparse refuses bad arguments by exiting
+            code = int(exc.code or 0)
+        finally:
+            sys.stdin = old
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    def json(self, *argv: str) -> Any:
+        code, out, err = self.run(*argv, "--json")
+        assert code == 0, err
+        return json.loads(out)
+
+
+@pytest.fixture
+def cli(
+    gateway_proc: GatewayProcess,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> Cli:
+    monkeypatch.setenv("LORAGATE_ADMIN_URL", gateway_proc.url)
+    monkeypatch.setenv("LORAGATE_ADMIN_KEY", gateway_proc.admin_key)
+    monkeypatch.setenv("LORAGATE_ADMIN_PROFILES", str(tmp_path / "profiles.json"))
+    monkeypatch.setenv("COLUMNS", "200")
+    return Cli(gateway_proc, capsys)
+
+
+def _tenant(cli: Cli, name: str) -> str:
+    created = cli.json("tenants", "create", name, "--tier", "batch")
+    cli.gateway.tenant_ids.append(created["id"])
+    return str(created["id"])
+
+
+def test_tenants(cli: Cli) -> None:
+    code, out, _ = cli.run("tenants", "create", "cli-tenants", "--tier", "realtime")
+    assert code == 0 and "cli-tenants" in out and "realtime" in out  # a table for people
+    listed = cli.json("tenants", "list")
+    tenant = next(t for t in listed if t["name"] == "cli-tenants")
+    cli.gateway.tenant_ids.append(tenant["id"])
+    assert cli.json("tenants", "get", tenant["id"])["tier"] == "realtime"
+    assert (
+        cli.json("tenants", "update", tenant["id"], "--status", "suspended")["status"]
+        == "suspended"
+    )
+    assert (
+        cli.json("tenants", "update", tenant["id"], "--name", "cli-renamed")["name"]
+        == "cli-renamed"
+    )
+    assert cli.json("tenants", "rotate-salt", tenant["id"])["salt_epoch"] == 1
+    code, _, err = cli.run("tenants", "delete", tenant["id"])
+    assert code == 2 and "--yes" in err
+    code, _, err = cli.run("tenants", "delete", tenant["id"], "--yes")
+    assert code == 0 and "deleted" in err
+    code, _, err = cli.run("tenants", "get", tenant["id"])
+    assert code == 1 and "HTTP 404" in err and "not_found" in err
+
+
+def test_keys(cli: Cli) -> None:
+    tenant = _tenant(cli, "cli-keys")
+    code, out, err = cli.run("keys", "create", tenant, "ci", "--scope", "inference",
+                             "--expires-at", "2099-01-01T00:00:00")  # fmt: skip
+    assert code == 0 and "shown once" in err
+    key = out.splitlines()[0]
+    cli.gateway.secrets.append(key)
+    assert key.startswith("lg_") and len(key) > 40
+    r = httpx.get(cli.gateway.base_url + "/models", headers={"authorization": f"Bearer {key}"})
+    assert r.status_code == 200  # the printed key works
+    listed = cli.json("keys", "list", tenant)
+    assert [k["name"] for k in listed] == ["ci"] and key not in json.dumps(listed)
+    assert listed[0]["expires_at"].startswith("2099-01-01")
+    code, out, _ = cli.run("keys", "list", tenant)
+    assert listed[0]["last_four"] in out and key not in out
+    rotated = cli.json("keys", "rotate", tenant, listed[0]["id"], "--grace-seconds", "0")
+    cli.gateway.secrets.append(rotated["key"])
+    assert rotated["key"] != key
+    revoked = cli.json("keys", "revoke", tenant, rotated["id"])
+    assert revoked["revoked_at"] is not None
+
+
+def test_quotas(cli: Cli) -> None:
+    tenant = _tenant(cli, "cli-quotas")
+    policy = cli.json("quotas", "set", tenant, "--rpm", "5", "--daily-tokens", "1000",
+                      "--concurrent", "unlimited")  # fmt: skip
+    assert policy["requests_per_minute"] == 5 and policy["daily_token_budget"] == 1000
+    assert policy["max_concurrent"] is None
+    assert cli.json("quotas", "get", tenant) == policy
+    key = cli.json("keys", "create", tenant, "app")
+    cli.gateway.secrets.append(key["key"])
+    key_policy = cli.json("quotas", "set", tenant, "--key", key["id"], "--rpm", "3")
+    assert key_policy["api_key_id"] == key["id"] and key_policy["requests_per_minute"] == 3
+    r = httpx.post(
+        cli.gateway.base_url + "/chat/completions",
+        headers={"authorization": f"Bearer {key['key']}"},
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    state = cli.json("quotas", "state", tenant)
+    api = cli.gateway.admin("GET", f"/tenants/{tenant}/quota-state").json()
+    assert [row["used"] for row in state["limits"]] == [row["used"] for row in api["limits"]]
+    assert state["limits"][0] == {**api["limits"][0], "resets_in_s": state["limits"][0][
+        "resets_in_s"], "resets_at": state["limits"][0]["resets_at"]}  # fmt: skip
+    assert cli.json("quotas", "state", tenant, "--key", key["id"])["has_own_policy"]
+    code, out, _ = cli.run("quotas", "state", tenant)
+    assert code == 0 and "requests_per_minute" in out and "1,000" in out
+
+
+def _adapter_dir(tiny_model_dir: Path, target: Path, **config: Any) -> Path:
+    target.mkdir(parents=True)
+    for f in demo_adapter_files(base_model_spec(tiny_model_dir, MODEL), seed=5):
+        data = f.data
+        if f.filename == "adapter_config.json" and config:
+            data = json.dumps({**json.loads(data), **config}).encode()
+        (target / f.filename).write_bytes(data)
+    return target
+
+
+def test_adapters(cli: Cli, tiny_model_dir: Path, tmp_path: Path) -> None:
+    tenant = _tenant(cli, "cli-adapters")
+    source = _adapter_dir(tiny_model_dir, tmp_path / "peft")
+    created = cli.json("adapters", "upload", str(source), "--tenant", tenant, "--name", "from-dir")
+    assert created["name"] == "from-dir" and created["owner_tenant_id"] == tenant
+    archive = tmp_path / "peft.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for path in source.iterdir():
+            z.write(path, path.name)
+    zipped = cli.json("adapters", "upload", str(archive), "--tenant", tenant, "--name", "from-zip")
+    assert zipped["sha256"] == created["sha256"]  # the same files, either way
+    names = {a["name"] for a in cli.json("adapters", "list", tenant)}
+    assert {"from-dir", "from-zip"} <= names
+    assert cli.json("adapters", "get", tenant, created["id"])["rank"] == created["rank"]
+    code, _, err = cli.run("adapters", "delete", tenant, zipped["id"])
+    assert code == 0 and "deleted" in err
+    assert "from-zip" not in {a["name"] for a in cli.json("adapters", "list", tenant)}
+    code, _, err = cli.run("adapters", "upload", str(source), "--name", "x")
+    assert code == 2 and "--tenant" in err
+
+
+def test_upload_progress_and_server_validation_error(
+    gateway_proc: GatewayProcess, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The real console script: the progress bar on stderr, and the server's refusal as it is."""
+    env = {**os.environ, "LORAGATE_ADMIN_URL": gateway_proc.url,
+           "LORAGATE_ADMIN_KEY": gateway_proc.admin_key, "COLUMNS": "120"}  # fmt: skip
+    tenant = gateway_proc.tenant().tenant_id
+    good = _adapter_dir(tiny_model_dir, tmp_path / "good")
+    done = subprocess.run(
+        [str(BIN / "loragate"), "admin", "adapters", "upload", str(good), "--tenant", tenant,
+         "--name", "progress-demo"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    print("stderr of a good upload:\n" + done.stderr)
+    assert done.returncode == 0, done.stderr
+    size = sum(p.stat().st_size for p in good.iterdir())
+    assert "upload good (2 files)" in done.stderr
+    assert "━" in done.stderr  # the bar
+    sent = re.search(r"([\d.]+)/([\d.]+) ([kM]B)", done.stderr)  # bytes sent / body size
+    assert sent is not None and sent.group(1) == sent.group(2)  # all of it
+    unit = {"kB": 1e3, "MB": 1e6}[sent.group(3)]
+    assert abs(float(sent.group(2)) * unit - size) / size < 0.1  # the files, plus the framing
+    assert "progress-demo" in done.stdout
+
+    bad = _adapter_dir(tiny_model_dir, tmp_path / "bad", r=4096, lora_alpha=8192)
+    files = [("files", (p.name, p.read_bytes())) for p in sorted(bad.iterdir())]
+    direct = gateway_proc.admin("POST", f"/tenants/{tenant}/adapters",
+                                data={"name": "too-wide"}, files=files)  # fmt: skip
+    assert direct.status_code == 400
+    server = direct.json()["error"]
+    done = subprocess.run(
+        [str(BIN / "loragate"), "admin", "adapters", "upload", str(bad), "--tenant", tenant,
+         "--name", "too-wide"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    print("stderr of a refused upload:\n" + done.stderr)
+    assert done.returncode == 1
+    assert server["message"] in done.stderr  # the server's own words
+    assert f"HTTP 400, {server['code']}" in done.stderr
+    if server["param"]:
+        assert f"(field: {server['param']})" in done.stderr
+
+
+def test_usage_and_audit(cli: Cli) -> None:
+    info = cli.gateway.tenant()
+    r = httpx.post(
+        cli.gateway.base_url + "/chat/completions",
+        headers={"authorization": f"Bearer {info.key}"},
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        timeout=60,
+    )
+    assert r.status_code == 200
+    for _ in range(100):  # the usage writer flushes every 50 ms in these tests
+        rows = cli.json("usage", info.tenant_id)
+        if rows:
+            break
+    assert rows[0]["num_requests"] == 1 and rows[0]["model"] == MODEL
+    assert cli.json("usage", info.tenant_id, "--since", "2000-01-01", "--until", "2000-01-02") == []
+    events = cli.json("audit", "--tenant", info.tenant_id, "--action", "tenant.create")
+    assert [e["object_id"] for e in events] == [info.tenant_id]
+    assert len(cli.json("audit", "--limit", "2")) == 2
+    code, out, _ = cli.run("audit", "--tenant", info.tenant_id)
+    assert code == 0 and "key.create" in out
+
+
+def test_errors_name_the_field(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, _, err = cli.run("tenants", "create", "not a valid name!")
+    assert code == 1 and "(field: name)" in err and "HTTP 400, invalid_value" in err
+    code, _, err = cli.run("quotas", "set", "x", "--rpm", "-3")
+    assert code == 2 and "--rpm" in err  # refused before any call, naming the flag
+    monkeypatch.setenv("LORAGATE_ADMIN_KEY", "lg_" + "A" * 49)
+    code, _, err = cli.run("tenants", "list")
+    assert code == 1 and "HTTP 401, invalid_api_key" in err
+    monkeypatch.delenv("LORAGATE_ADMIN_KEY")
+    code, _, err = cli.run("tenants", "list")
+    assert code == 2 and "LORAGATE_ADMIN_KEY" in err
+    monkeypatch.setenv("LORAGATE_ADMIN_KEY", cli.gateway.admin_key)
+    monkeypatch.setenv("LORAGATE_ADMIN_URL", "http://127.0.0.1:9")
+    code, _, err = cli.run("tenants", "list")
+    assert code == 1 and "cannot reach http://127.0.0.1:9" in err
+
+
+def test_login_saves_a_private_profile(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LORAGATE_ADMIN_KEY")
+    monkeypatch.delenv("LORAGATE_ADMIN_URL")
+    code, _, err = cli.run("login", "--url", cli.gateway.url, "--profile", "prod",
+                           stdin="lg_" + "B" * 49 + "\n")  # fmt: skip
+    assert code == 1 and "HTTP 401" in err  # a key that does not work is not saved
+    code, _, err = cli.run("login", "--url", cli.gateway.url, "--profile", "prod",
+                           stdin=cli.gateway.admin_key + "\n")  # fmt: skip
+    assert code == 0, err
+    path = Path(os.environ["LORAGATE_ADMIN_PROFILES"])
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert cli.json("tenants", "list", "--profile", "prod")
+    path.chmod(0o644)
+    code, _, err = cli.run("tenants", "list", "--profile", "prod")
+    assert code == 2 and "chmod 600" in err
