@@ -20,6 +20,7 @@ from types import FrameType
 from fastapi import FastAPI
 
 from gateway.admin import admin_router
+from gateway.api_docs import docs_router
 from gateway.dashboard import install_dashboard
 from gateway.dashboard.state import Dashboard
 from gateway.engines.build import build_engine_client
@@ -29,7 +30,7 @@ from gateway.lifecycle.job import Planner
 from gateway.lifecycle.service import RequestLifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestContextMiddleware, TrustedHostMiddleware
-from gateway.openapi import install_openapi
+from gateway.openapi import OPENAPI_URL, install_openapi
 from gateway.policy import PolicyService
 from gateway.routes import chat, completions, generate, health, models
 from gateway.settings import GatewaySettings
@@ -162,9 +163,9 @@ def create_app(settings: GatewaySettings, *, handle_signals: bool = False) -> Fa
     app = FastAPI(
         title="loragate gateway",
         lifespan=lifespan,
-        docs_url="/docs" if docs else None,
+        docs_url=None,  # Swagger UI from vendored files instead (gateway/api_docs.py)
         redoc_url=None,
-        openapi_url="/openapi.json" if docs else None,
+        openapi_url=OPENAPI_URL if docs else None,
         swagger_ui_oauth2_redirect_url=None,
         # A redirect to the path without its slash was built from the Host header: a client
         # could point it anywhere. Such paths are a 404 instead.
@@ -176,6 +177,8 @@ def create_app(settings: GatewaySettings, *, handle_signals: bool = False) -> Fa
     for module in (chat, completions, models, generate, health):
         app.include_router(module.router)
     app.include_router(admin_router())
+    if docs:
+        app.include_router(docs_router(OPENAPI_URL))
     if settings.dashboard_enabled:
         dashboard = install_dashboard(app, settings)
     install_openapi(app, settings)

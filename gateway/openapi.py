@@ -30,6 +30,7 @@ OIDC = "OidcAccessToken"
 METRICS = "MetricsToken"
 SESSION = "DashboardSession"
 SESSION_COOKIE = "lg_session"
+OPENAPI_URL = "/openapi.json"
 
 BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("post", "/v1/chat/completions"): ChatCompletionRequest,
@@ -152,16 +153,13 @@ def build_openapi(app: FastAPI, settings: TenancySettings) -> dict[str, Any]:
 
 
 def _add_docs_routes(app: FastAPI, doc: dict[str, Any]) -> None:
-    """The document lists every route the app serves, its own two included."""
-    for path, summary, media in (
-        (app.openapi_url, "This document (OpenAPI 3.1)", "application/json"),
-        (app.docs_url, "This document, rendered (Swagger UI)", "text/html"),
-    ):
-        if path:
-            doc["paths"][path] = {"get": {
-                "tags": ["documentation"], "summary": summary, "operationId": f"get_{path[1:]}",
-                "responses": {"200": {"description": summary, "content": {media: {}}}},
-            }}  # fmt: skip
+    """The document lists every route the app serves, itself included."""
+    if app.openapi_url:
+        summary = "This document (OpenAPI 3.1)"
+        doc["paths"][app.openapi_url] = {"get": {
+            "tags": ["documentation"], "summary": summary, "operationId": "get_openapi_json",
+            "responses": {"200": {"description": summary, "content": {"application/json": {}}}},
+        }}  # fmt: skip
 
 
 def install_openapi(app: FastAPI, settings: TenancySettings) -> None:

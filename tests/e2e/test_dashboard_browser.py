@@ -334,6 +334,13 @@ def test_admin_sees_every_tenant(world: World, driver: webdriver.Chrome) -> None
         replica.find_element(By.CSS_SELECTOR, '[data-field="running"]').text) == 0  # fmt: skip
     assert "support-bot" in replica.text  # loaded on first use, shown by name to an admin
     screenshot(d, world.shots / "engines.png")
+    # The API docs render from the gateway's own files (this machine has no internet access).
+    open_page(d, world, "/docs")
+    wait_for(d, lambda d: d.find_elements(By.CSS_SELECTOR, ".swagger-ui .opblock-tag"))
+    tags = {e.text.split("\n")[0] for e in d.find_elements(By.CSS_SELECTOR, ".opblock-tag")}
+    assert {"inference", "tenants", "quotas", "dashboard"} <= tags
+    d.set_window_size(1280, 900)
+    d.save_screenshot(str(world.shots / "api-docs.png"))
 
 
 def test_bad_key_expired_session_and_missing_csrf_are_refused(

@@ -118,15 +118,21 @@ async def test_every_admin_route_has_a_valid_example(gateway: Gateway) -> None:
             _check(doc, media["schema"], example["response"])
 
 
-async def test_docs_page_is_served(gateway: Gateway) -> None:
+async def test_docs_page_is_served_offline(gateway: Gateway) -> None:
     r = await gateway.client.get("/docs")
     assert r.status_code == 200 and "/openapi.json" in r.text
+    assert "http://" not in r.text and "https://" not in r.text  # nothing from elsewhere
+    for name in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        assert f"/docs/static/{name}" in r.text
+        asset = await gateway.client.get(f"/docs/static/{name}")
+        assert asset.status_code == 200 and len(asset.content) > 10_000
+    assert (await gateway.client.get("/docs/static/..%2Fapi_docs.py")).status_code == 404
 
 
 async def test_switched_off(tiny_model_dir: Path, tmp_path: Path) -> None:
     app = create_app(gateway_settings(tiny_model_dir, tmp_path, api_docs_enabled=False))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
-        for path in ("/openapi.json", "/docs"):
+        for path in ("/openapi.json", "/docs", "/docs/static/swagger-ui.css"):
             r = await client.get(path)
             assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_route"
