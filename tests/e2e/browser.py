@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -49,7 +50,11 @@ def start_chromium(
 
 
 def wait_for(driver: webdriver.Chrome, condition: Callable[[webdriver.Chrome], object]) -> object:
-    return WebDriverWait(driver, WAIT_S, poll_frequency=0.2).until(condition)
+    # The live page replaces its elements while it refreshes: a stale one is looked up again.
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.2, ignored_exceptions=ignored).until(
+        condition
+    )
 
 
 def screenshot(driver: webdriver.Chrome, path: Path, *, width: int = 1280) -> Path:
