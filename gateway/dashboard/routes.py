@@ -9,6 +9,7 @@ tenant's data never sits in a shared cache.
 from __future__ import annotations
 
 import secrets
+from types import MappingProxyType
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Form, Request
@@ -26,14 +27,16 @@ from tenancy.quota_state import QuotaStateOut, quota_state
 
 router = APIRouter(prefix="/dashboard", tags=["dashboard"])
 
-HEADERS = {
-    "cache-control": "no-store",
-    "content-security-policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; "
-    "script-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
-    "x-frame-options": "DENY",
-    "referrer-policy": "no-referrer",
-    "x-content-type-options": "nosniff",
-}
+HEADERS = MappingProxyType(
+    {
+        "cache-control": "no-store",
+        "content-security-policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; "
+        "script-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+        "x-frame-options": "DENY",
+        "referrer-policy": "no-referrer",
+        "x-content-type-options": "nosniff",
+    }
+)
 STATIC_FILES = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
 REFUSED = "That key was not accepted."
 NOT_FOR_DASHBOARD = "This key cannot open the dashboard: it needs the admin or tenant-admin scope."
@@ -47,7 +50,7 @@ def page(
 ) -> Response:
     return dashboard.templates.TemplateResponse(
         request, name, {**context, "sso": dashboard.sso is not None},
-        status_code=status_code, headers=HEADERS,
+        status_code=status_code, headers=dict(HEADERS),
     )  # fmt: skip
 
 

@@ -36,7 +36,8 @@ class SsoRefused(Exception):
 
 class Sso:
     def __init__(self, settings: GatewaySettings, codec: SessionCodec) -> None:
-        assert settings.oidc_issuer and settings.oidc_client_id and settings.oidc_jwks_url
+        if not (settings.oidc_issuer and settings.oidc_client_id and settings.oidc_jwks_url):
+            raise ValueError("SSO needs oidc_issuer, oidc_client_id and oidc_jwks_url")
         self._codec = codec
         secret = settings.oidc_client_secret
         oauth = OAuth()
