@@ -28,18 +28,16 @@ from engine.protocol import GenerateRequest, GenerateResponse
 from gateway.engines import vllm_dialect
 from gateway.engines.api import EngineStreamError
 from gateway.engines.http_wire import Pool, Response, WireError
+from gateway.engines.objectives import objective_header, objectives
 from gateway.engines.replicas import SPILL_AFTER, Replica, adapter_tiers, route
 from gateway.errors import EngineFailed, EngineOverloaded, ModelNotFound
 from gateway.policy import AdapterRef
 from gateway.settings import GatewaySettings
 from tenancy.errors import BadRequest, ClientError
-from tenancy.priority import PriorityMapper
 
 log = logging.getLogger(__name__)
 
 GENERATE = "/inference/v1/generate"
-# The Gateway API Inference Extension reads a request's InferenceObjective from this header.
-OBJECTIVE_HEADER = b"x-gateway-inference-objective"
 
 ReadEvent = Callable[[str], GenerateResponse]
 
@@ -57,28 +55,6 @@ def wire_body(
     if not vllm:
         return request.model_dump_json(exclude_none=True).encode()
     return vllm_dialect.request_body(request, vllm_priority)
-
-
-def _objectives(settings: GatewaySettings) -> Callable[[int], str | None] | None:
-    """engine priority -> `<prefix><tier>` when the engines sit behind an inference gateway."""
-    prefix = settings.engine_objective_prefix
-    if prefix is None:
-        return None
-    mapper = PriorityMapper(settings.tiers)
-
-    def objective(priority: int) -> str | None:
-        tier = mapper.tier_of(priority)
-        return None if tier is None else prefix + tier
-
-    return objective
-
-
-def objective_header(name: str | None) -> bytes:
-    """The header line naming an InferenceObjective; none for a name that is not a plain token
-    (tier names come from settings, never from clients)."""
-    if name is None or not name.isascii() or not all(c.isalnum() or c in "-._" for c in name):
-        return b""
-    return OBJECTIVE_HEADER + b": " + name.encode() + b"\r\n"
 
 
 def _error_for(status: int, body: bytes) -> ClientError:
@@ -243,7 +219,7 @@ class HttpEngineClient:
             connect_timeout_s=settings.engine_connect_timeout_s,
             poll_interval_s=settings.engine_poll_interval_s,
             max_connections=settings.engine_max_connections,
-            objective=_objectives(settings),
+            objective=objectives(settings),
         )
 
     # ---- lifecycle -----------------------------------------------------------------------------

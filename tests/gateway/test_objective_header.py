@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from engine.protocol import GenerateRequest, GenerateSamplingParams
-from gateway.engines.http import HttpEngineClient, objective_header
+from gateway.engines.http import HttpEngineClient
+from gateway.engines.objectives import objective_header
 from gateway.settings import GatewaySettings
 from tenancy.priority import PriorityMapper
 from tenancy.settings import TierBand
