@@ -220,12 +220,10 @@ def test_priorities_follow_vllm_order(
 
         filler = threading.Thread(target=ask, args=(batch, "filler", 400))
         filler.start()
-        while vllm_servers[1].metric("vllm:num_requests_running") < 1:
-            time.sleep(0.05)
+        assert until(lambda: vllm_servers[1].metric("vllm:num_requests_running") >= 1)
         queued = [threading.Thread(target=ask, args=(batch, "batch", 4))]
         queued[0].start()
-        while vllm_servers[1].metric("vllm:num_requests_waiting") < 1:
-            time.sleep(0.05)
+        assert until(lambda: vllm_servers[1].metric("vllm:num_requests_waiting") >= 1)
         queued.append(threading.Thread(target=ask, args=(realtime, "realtime", 4)))
         queued[1].start()
         for thread in (filler, *queued):
