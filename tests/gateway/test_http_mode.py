@@ -19,8 +19,12 @@ from engine_processes import EngineProcess, start_engines
 from gateway_harness import ADMIN_CTX, Gateway, SecretScan, gateway_settings
 from live_server import live_gateway
 
+from gateway.dashboard.views import engines_page
 from gateway.demo_adapters import demo_adapter_files
+from gateway.engines.status import engine_status
 from tenancy.crud.adapters import register_adapter
+from tenancy.principal import Principal
+from tenancy.scopes import Scope
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -127,6 +131,24 @@ async def test_adapter_requests_go_to_the_replica_holding_the_adapter(
         assert r.status_code == 200, r.text
     served = [_served(e) - b for e, b in zip(engines, before, strict=True)]
     assert sorted(served) == [0, 4]
+
+
+async def test_engine_status_reads_each_replica(live: tuple[str, Gateway]) -> None:
+    """The dashboard's engines page in HTTP mode: each replica's health, its running, waiting
+    and KV gauges from its /metrics, its adapters by tier under their tenants' names (after the
+    test above: `held` on engine-1)."""
+    _, gw = live
+    replicas = await engine_status(gw.state.engine)
+    assert [r.name for r in replicas] == ["engine-0", "engine-1"]
+    for replica in replicas:
+        assert replica.healthy and replica.num_running == 0 and replica.num_waiting == 0
+        assert replica.kv_usage is not None and 0 <= replica.kv_usage <= 1
+    admin = Principal(subject="test", tenant_id=None, scopes=frozenset({Scope.ADMIN}))
+    rows = {row.status.name: row for row in await engines_page(gw.state, admin)}
+    assert any("held" in names for names in rows["engine-1"].adapters.values())
+    nobody = Principal(subject="t", tenant_id=None, scopes=frozenset({Scope.TENANT_ADMIN}))
+    hidden = {row.status.name: row for row in await engines_page(gw.state, nobody)}
+    assert not hidden["engine-1"].adapters and sum(hidden["engine-1"].num_hidden.values()) >= 1
 
 
 async def test_killed_replica_mid_stream(
