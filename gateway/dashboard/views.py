@@ -21,7 +21,7 @@ from tenancy.crud.adapters import list_adapters
 from tenancy.crud.keys import list_keys
 from tenancy.crud.tenants import list_tenants, load_tenant
 from tenancy.dashboard_reads import adapter_names, keys_last_used, requests_since, usage_series
-from tenancy.models import Adapter, AuditEvent, Tenant
+from tenancy.models import Adapter, ApiKey, AuditEvent, Tenant
 from tenancy.principal import Principal
 from tenancy.quota_state import QuotaStateOut, quota_state
 from tenancy.runtime import TenancyRuntime
@@ -100,14 +100,12 @@ async def overview(
         return [await _summary(session, runtime, principal, t, now) for t in tenants]
 
 
-def _key_status(key: object, now: dt.datetime) -> str:
-    if getattr(key, "revoked_at", None) is not None:
+def _key_status(key: ApiKey, now: dt.datetime) -> str:
+    if key.revoked_at is not None:
         return "revoked"
-    grace = getattr(key, "rotation_grace_until", None)
-    if grace is not None:
-        return "rotated" if now < grace else "replaced"
-    expires = getattr(key, "expires_at", None)
-    return "expired" if expires is not None and now >= expires else "active"
+    if key.rotation_grace_until is not None:
+        return "rotated" if now < key.rotation_grace_until else "replaced"
+    return "expired" if key.expires_at is not None and now >= key.expires_at else "active"
 
 
 def _floor(now: dt.datetime, step: dt.timedelta) -> dt.datetime:
