@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from tenancy.dashboard_reads import UsagePoint
 
 WIDTH, HEIGHT = 720, 220
-LEFT, BOTTOM, TOP = 56, 24, 8  # room for the y labels, the x labels, and a margin
+# Room for the y labels, the x labels, and a margin; the labels get bigger on a phone (the
+# whole chart is scaled down there), so these fit a four-character label at either size.
+LEFT, BOTTOM, TOP = 64, 32, 8
 PALETTE = ("#1f5fa8", "#b34d00", "#2e7d32", "#8e24aa", "#00796b", "#c2185b", "#5d4037", "#455a64")
 OTHER = "other"
 MAX_SERIES = len(PALETTE)
@@ -49,6 +51,7 @@ class UsageChart:
     title: str
     width: int
     height: int
+    left: int  # where the plot starts: the y labels end just before it
     bars: list[Bar]
     y_ticks: list[tuple[float, str]]  # (y, label)
     x_labels: list[tuple[float, str]]  # (x, label)
@@ -143,7 +146,7 @@ def usage_chart(
         for name, color in colors.items()
     ]  # fmt: skip
     return UsageChart(
-        title=title, width=WIDTH, height=HEIGHT, bars=bars, y_ticks=ticks, x_labels=labels,
-        legend=legend, num_tokens=sum(b.num_tokens for b in bars),
+        title=title, width=WIDTH, height=HEIGHT, left=LEFT, bars=bars, y_ticks=ticks,
+        x_labels=labels, legend=legend, num_tokens=sum(b.num_tokens for b in bars),
         num_requests=sum(b.num_requests for b in bars),
     )  # fmt: skip

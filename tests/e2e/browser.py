@@ -69,3 +69,41 @@ def screenshot(driver: webdriver.Chrome, path: Path, *, width: int = 1280) -> Pa
     driver.save_screenshot(str(path))
     driver.set_window_size(1280, 900)
     return path
+
+
+# What a person could not read at the window's width: an element cut off past the right edge
+# (also inside a scrolling box), a chart label drawn smaller than MIN_LABEL_PX, or two of a
+# chart's time labels on top of each other.
+LAYOUT_PROBLEMS = """
+const width = document.documentElement.clientWidth, minPx = arguments[0], problems = [];
+const shown = (e) => { const r = e.getBoundingClientRect(); return r.width > 1 && r.height > 1; };
+for (const e of document.querySelectorAll("main *")) {
+  if (!shown(e) || e.closest("svg") && e.tagName.toLowerCase() !== "svg") continue;
+  const r = e.getBoundingClientRect();
+  const name = `${e.tagName.toLowerCase()}.${e.className.baseVal ?? e.className}`;
+  if (r.right > width + 1) problems.push(`${name} ends at ${Math.round(r.right)} px`);
+}
+for (const chart of document.querySelectorAll("svg.plot")) {
+  const labels = [...chart.querySelectorAll("text.axis")].filter(shown);
+  for (const t of labels) {
+    const h = t.getBoundingClientRect().height;
+    if (h < minPx) problems.push(`${chart.id} label "${t.textContent}" is ${h.toFixed(1)} px high`);
+  }
+  const xs = labels.filter((t) => t.getAttribute("text-anchor") === "middle")
+    .map((t) => t.getBoundingClientRect()).sort((a, b) => a.left - b.left);
+  for (let i = 1; i < xs.length; i++) {
+    if (xs[i].left < xs[i - 1].right) problems.push(`${chart.id}: time labels overlap`);
+  }
+}
+return problems;
+"""
+MIN_LABEL_PX = 10.0
+
+
+def layout_problems(driver: webdriver.Chrome, *, width: int) -> list[str]:
+    """`LAYOUT_PROBLEMS` of the current page at `width` CSS pixels (a phone: 390)."""
+    driver.set_window_size(width, 900)
+    time.sleep(0.2)  # let the layout settle at the new width before measuring it
+    problems: list[str] = driver.execute_script(LAYOUT_PROBLEMS, MIN_LABEL_PX)
+    driver.set_window_size(1280, 900)
+    return problems

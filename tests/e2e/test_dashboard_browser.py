@@ -26,7 +26,7 @@ from typing import Any
 
 import openai
 import pytest
-from browser import find_chromium, screenshot, start_chromium, wait_for
+from browser import find_chromium, layout_problems, screenshot, start_chromium, wait_for
 from gateway_process import GatewayProcess, free_port, gateway_env, start_gateway
 from itsdangerous import URLSafeTimedSerializer
 from local_idp import LocalIdp
@@ -45,8 +45,10 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
 CLIENT_ID = "loragate-dashboard"
 RPM = 6
-ACME_LIMITS = {"requests_per_minute": RPM, "tokens_per_minute": 20_000, "max_concurrent": 4,
-               "daily_token_budget": 250_000, "monthly_token_budget": 3_000_000}  # fmt: skip
+ACME_LIMITS: dict[str, int | None] = {
+    "requests_per_minute": RPM, "tokens_per_minute": 20_000, "max_concurrent": 4,
+    "daily_token_budget": 250_000, "monthly_token_budget": 3_000_000,
+}  # fmt: skip
 GLOBEX_LIMITS = {"requests_per_minute": 600, "tokens_per_minute": 100_000, "max_concurrent": 16,
                  "daily_token_budget": None, "monthly_token_budget": 10_000_000}  # fmt: skip
 
@@ -240,6 +242,12 @@ def chart_series(d: webdriver.Chrome, chart_id: str) -> dict[str, int]:
     }
 
 
+def readable(d: webdriver.Chrome) -> None:
+    """Readable at 1280 px and on a phone (390 px): nothing cut off, chart labels big enough."""
+    for width in (1280, 390):
+        assert layout_problems(d, width=width) == [], (d.current_url, width)
+
+
 # ---- acceptance 1 ---------------------------------------------------------------------------------
 
 
@@ -292,6 +300,7 @@ def test_tenant_admin_sees_its_tenant_and_true_numbers(
     no_key_on_page(d, world)
     screenshot(d, world.shots / "tenant.png")
     screenshot(d, world.shots / "tenant-phone.png", width=390)
+    readable(d)
 
     # Live: a new rejection shows up without a reload.
     with pytest.raises(openai.RateLimitError):
@@ -322,6 +331,7 @@ def test_admin_sees_every_tenant(world: World, driver: webdriver.Chrome) -> None
     no_key_on_page(d, world)
     screenshot(d, world.shots / "overview.png")
     screenshot(d, world.shots / "overview-phone.png", width=390)
+    readable(d)
     open_page(d, world, f"/dashboard/tenants/{world.globex.id}")
     shown = page_limits(d)
     state = api_state(world, world.globex)
@@ -334,6 +344,7 @@ def test_admin_sees_every_tenant(world: World, driver: webdriver.Chrome) -> None
         replica.find_element(By.CSS_SELECTOR, '[data-field="running"]').text) == 0  # fmt: skip
     assert "support-bot" in replica.text  # loaded on first use, shown by name to an admin
     screenshot(d, world.shots / "engines.png")
+    readable(d)
     # The API docs render from the gateway's own files (this machine has no internet access).
     open_page(d, world, "/docs")
     wait_for(d, lambda d: d.find_elements(By.CSS_SELECTOR, ".swagger-ui .opblock-tag"))
@@ -349,6 +360,7 @@ def test_bad_key_expired_session_and_missing_csrf_are_refused(
     d = driver
     open_page(d, world, "/dashboard/login")
     screenshot(d, world.shots / "login.png")
+    readable(d)
     log_in(d, world, "lg_" + "x" * 49)
     alert = wait_for(d, lambda d: d.find_elements(By.CSS_SELECTOR, '[role="alert"]'))
     assert "not accepted" in alert[0].text  # type: ignore[index]
