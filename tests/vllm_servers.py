@@ -3,8 +3,8 @@ loopback ports, for the tests marked `vllm` and the benchmarks.
 
 vLLM lives in a venv of its own, built by `make vllm-venv` (`make test-vllm` builds it first):
 LORAGATE_VLLM_PYTHON names its python, else `.cache/vllm-venv/bin/python` is used. Without one
-the tests skip and say how to get it. Each server is a process group (the API server, its
-engine core and worker), stopped or killed whole.
+the tests skip and say how to get it; a named one that is missing fails them. Each server is a
+process group (the API server, its engine core and worker), stopped or killed whole.
 """
 
 from __future__ import annotations
@@ -120,6 +120,11 @@ def start_vllm(
 
 
 def require_vllm() -> None:
+    """Skip without a venv, saying how to get one; fail when one was named and is not there
+    (`make test-vllm` names the one it built: a skip there would pass with nothing run)."""
+    named = os.environ.get("LORAGATE_VLLM_PYTHON")
+    if named and not Path(named).exists():
+        pytest.fail(f"LORAGATE_VLLM_PYTHON names {named}, which does not exist")
     if vllm_python() is None:
         pytest.skip(
             "no vLLM venv (.cache/vllm-venv or LORAGATE_VLLM_PYTHON): run `make test-vllm`, "

@@ -138,6 +138,19 @@ def test_stop_string_aborts_the_vllm_request(
     produced = generated(vllm_servers) - before_tokens
     assert produced < 1500
     assert row["completion_tokens"] <= produced
+    # Streamed, the stop string is held back across chunks and the engine request aborted too.
+    stream = chat(client, "Go on.", max_tokens=1500, temperature=0, stop=[stop], stream=True,
+                  stream_options={"include_usage": True}, extra_body={"ignore_eos": True})  # fmt: skip
+    chunks = list(stream)
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        == text[: text.index(stop)]
+    )
+    assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == "stop"
+    assert until(lambda: aborts(vllm_servers) - before_aborts == 2)
+    row = rows_when_written(workdir, tenant.tenant_id, before_rows + 2)[-1]
+    assert row["finish_reason"] == "stop"
+    assert row["completion_tokens"] == chunks[-1].usage.completion_tokens < 1500
 
 
 def test_a_client_that_leaves_is_aborted_on_vllm(
@@ -200,6 +213,13 @@ def test_cached_tokens_are_reported_and_recorded(vllm_gateway: Live, tenant: Ten
     rows = rows_when_written(workdir, tenant.tenant_id, before + 2)
     assert len(rows) == before + 2
     assert rows[-1]["cached_tokens"] == second.usage.prompt_tokens_details.cached_tokens
+    # Streamed, the usage chunk carries them too (vLLM sends them in its last event).
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=2,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))  # fmt: skip
+    cached = chunks[-1].usage.prompt_tokens_details.cached_tokens
+    assert cached >= 256
+    assert rows_when_written(workdir, tenant.tenant_id, before + 3)[-1]["cached_tokens"] == cached
 
 
 def test_priorities_follow_vllm_order(
