@@ -134,7 +134,8 @@ async def workload(url: str, key: str, concurrency: int, requests: int, max_toke
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, default=ROOT / ".cache/models/tiny")
-    parser.add_argument("--rounds", type=int, default=3)
+    # The defaults are the workload of the RESULTS.md row (five rounds, 64 x 64 tokens, 16 at once).
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
