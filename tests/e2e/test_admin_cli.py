@@ -5,6 +5,7 @@ a server-side validation error reaching the user intact."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -20,7 +21,7 @@ import httpx
 import pytest
 from gateway_process import BIN, GatewayProcess
 
-from gateway.cli import main
+from gateway.cli import build_parser, main
 from gateway.demo_adapters import demo_adapter_files
 from tenancy.adapters.base_model import base_model_spec
 
@@ -276,3 +277,33 @@ def test_login_saves_a_private_profile(cli: Cli, monkeypatch: pytest.MonkeyPatch
     path.chmod(0o644)
     code, _, err = cli.run("tenants", "list", "--profile", "prod")
     assert code == 2 and "chmod 600" in err
+
+
+# On the database, not the REST API: tests/tenancy/test_bootstrap_cli.py and the demo run them.
+DATABASE_COMMANDS = {"migrate", "bootstrap"}
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    found = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(found[0].choices) if found else {}
+
+
+def test_every_command_has_a_test_here(gateway_proc: GatewayProcess) -> None:
+    """The commands from the console script's own parser; each is run by a test in this module
+    (through `cli.run`/`cli.json` or the console script), so a new one cannot go untested.
+    (`gateway_proc`: the module's parametrization names it; this test reads only source.)"""
+    source = Path(__file__).read_text()
+    admin = _subcommands(build_parser())["admin"]
+    commands: list[tuple[str, ...]] = []
+    for name, parser in _subcommands(admin).items():
+        verbs = _subcommands(parser)
+        commands += [(name, verb) for verb in verbs] or [(name,)]
+    assert ("adapters", "upload") in commands and ("login",) in commands  # the walk found them
+    untested = []
+    for command in commands:
+        if command[0] in DATABASE_COMMANDS:
+            continue
+        words = r",\s*".join(f'"{w}"' for w in command)
+        if not re.search(rf'(\(|"admin",)\s*{words}\s*[,)]', source):
+            untested.append(" ".join(command))
+    assert not untested, f"admin commands no test here runs: {untested}"
