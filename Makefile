@@ -91,21 +91,31 @@ vllm-venv: $(VLLM_STAMP)
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	LORAGATE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -m vllm $(PYTEST_ARGS)
 
-bench: $(STAMP) $(MODEL_DIR)/small/config.json
+# The throughput benchmarks run loragate beside vLLM (offline, from the venv above) and
+# transformers/PEFT in the same run: every core, then one core (both systems get the same
+# cores), bfloat16 and float32. Timed runs want the machine to themselves (see bench/README.md).
+NPROC := $(shell nproc)
+bench: $(STAMP) $(MODEL_DIR)/small/config.json $(VLLM_STAMP)
 	mkdir -p bench/out
-	$(BIN)/python bench/engine_throughput.py --model $(MODEL_DIR)/small --json bench/out/engine_throughput.json
+	$(BIN)/python bench/engine_throughput.py --model $(MODEL_DIR)/small --dtype both --threads $(NPROC) --vllm required --json bench/out/engine_throughput.json
+	$(BIN)/python bench/engine_throughput.py --model $(MODEL_DIR)/small --dtype both --threads 1 --vllm required --json bench/out/engine_throughput-1thread.json
+	$(BIN)/python bench/latency.py --model $(MODEL_DIR)/small --dtype both --threads $(NPROC) --json bench/out/latency.json
 	$(BIN)/python bench/gateway_overhead.py --model $(MODEL_DIR)/tiny --json bench/out/gateway_overhead.json
 	$(BIN)/python bench/quota_admission.py --json bench/out/quota_admission.json
-	$(BIN)/python bench/lora_throughput.py --model $(MODEL_DIR)/small --json bench/out/lora_throughput.json
+	$(BIN)/python bench/lora_throughput.py --model $(MODEL_DIR)/small --threads $(NPROC) --vllm required --json bench/out/lora_throughput.json
+	$(BIN)/python bench/lora_throughput.py --model $(MODEL_DIR)/small --threads 1 --vllm required --json bench/out/lora_throughput-1thread.json
 	$(BIN)/python bench/scheduler_scale.py --json bench/out/scheduler_scale.json
 	$(BIN)/python bench/fairness.py --json bench/out/fairness.json
 
+# The same keys from reduced runs; the vLLM rows when its venv is built (else each script says
+# why they are missing; `make vllm-venv` builds it).
 bench-quick: $(STAMP) $(MODEL_DIR)/tiny/config.json
 	mkdir -p bench/out
-	$(BIN)/python bench/engine_throughput.py --quick --model $(MODEL_DIR)/tiny --json bench/out/engine_throughput.json
+	$(BIN)/python bench/engine_throughput.py --quick --model $(MODEL_DIR)/tiny --dtype both --threads $(NPROC) --json bench/out/engine_throughput.json
+	$(BIN)/python bench/latency.py --quick --model $(MODEL_DIR)/tiny --threads $(NPROC) --json bench/out/latency.json
 	$(BIN)/python bench/gateway_overhead.py --quick --model $(MODEL_DIR)/tiny --json bench/out/gateway_overhead.json
 	$(BIN)/python bench/quota_admission.py --quick --json bench/out/quota_admission.json
-	$(BIN)/python bench/lora_throughput.py --quick --model $(MODEL_DIR)/tiny --json bench/out/lora_throughput.json
+	$(BIN)/python bench/lora_throughput.py --quick --model $(MODEL_DIR)/tiny --threads $(NPROC) --json bench/out/lora_throughput.json
 	$(BIN)/python bench/scheduler_scale.py --quick --json bench/out/scheduler_scale.json
 	$(BIN)/python bench/fairness.py --quick --json bench/out/fairness.json
 

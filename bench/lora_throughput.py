@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import engine_run
+import lora_vllm
 import torch
+import vllm_offline
 from lora_adapters import decode_step_bound, make_adapters, round_robin, zipf_assign
 from lora_report import Cell, format_cells, ratios
 from peft_baseline import load_peft, run_peft, timed
@@ -190,10 +192,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--adapter-dir", type=Path, default=Path(".cache/lora_bench"))
+    parser.add_argument(
+        "--vllm",
+        choices=["auto", "off", "required"],
+        default="auto",
+        help="vLLM with LoRA beside (a): auto when its venv exists (else say why)",
+    )
+    parser.add_argument("--vllm-mode", choices=["compiled", "eager"], default="compiled")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     args.rank = plan.rank
     torch.set_num_threads(args.threads)
+    cores = vllm_offline.share_cores(args.threads)  # vLLM, a child, gets the same cores
+    if args.vllm == "required" and vllm_offline.vllm_python() is None:
+        raise SystemExit(vllm_offline.missing_reason())
     started = datetime.datetime.now().astimezone()
     load_start = load_average()
     model_dir = ensure_model(
@@ -217,8 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     ) -> Cell:
         return run_loragate(name, setting, model_dir, args, requests, assignment, adapters, **kw)
 
+    vllm = None
+    if args.vllm != "off":
+        vllm = lora_vllm.start(model_dir, args.dtype, requests, eight, rank=plan.rank,
+                               max_num_seqs=MAX_NUM_SEQS, mode=args.vllm_mode)  # fmt: skip
     tries: dict[str, list[Cell]] = {"base": [], "lora": []}
     for _ in range(plan.repeats):  # interleaved, so drift and warm-up hit both alike
+        if vllm is not None:  # vLLM's base and 8-adapter cells in the same rounds
+            vllm.round(requests, mix)
         tries["base"].append(run("base", "no adapter", none, eight, max_loras=8, max_cpu_loras=8))
         tries["lora"].append(
             run(
@@ -231,6 +249,13 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     base, lora = (min(tries[k], key=lambda c: c.cpu_s) for k in ("base", "lora"))
+    vllm_ratios: dict[str, float] = {}
+    vllm_cells: list[Cell] = []
+    if vllm is not None:
+        vllm.close()
+        ours = min(tries["lora"], key=lambda c: c.wall_s)
+        vllm_ratios, vllm_cells = lora_vllm.vllm_ratios(ours, vllm)
+        tries |= vllm.tries
     nolora = run(
         "base-nolora", "LoRA disabled", none, {}, max_loras=8, max_cpu_loras=8, enable_lora=False
     )
@@ -296,9 +321,11 @@ def main(argv: list[str] | None = None) -> int:
         enable_lora=False,
         max_num_seqs=seats,
     )
-    cells = [base, lora, nolora, mixed, seq, *scaling, check, floor]
+    cells = [base, lora, nolora, mixed, seq, *vllm_cells, *scaling, check, floor]
     by_cpu = ratios(base, lora, mixed, seq, scaling[0], scaling[-1], cpu=True)
     by_wall = ratios(base, lora, mixed, seq, scaling[0], scaling[-1], cpu=False)
+    by_cpu |= vllm_ratios  # vs_vllm_lora is by wall clock in both (same cores, many processes)
+    by_wall |= vllm_ratios
     loss_floor = 1 - floor.tokens_per_cpu_s / scaling[0].tokens_per_cpu_s
     print()
     print(format_cells(cells, lora))
@@ -310,6 +337,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(c) the base model alone (no LoRA work) held to scale-{n}'s batch ({seats}): "
           f"{-100 * loss_floor:+.1f}% throughput against scale-1; a loss near the measured one "
           f"says the slot-bound batch, not the adapter code, sets it")  # fmt: skip
+    if vllm_ratios:
+        print(f"\n[vLLM, {args.vllm_mode}, same cores {cores}] loragate 8 adapters vs vLLM 8 "
+              f"adapters: {vllm_ratios['vs_vllm_lora']:.2f}x wall (goal >= 2x), "
+              f"{vllm_ratios['vs_vllm_lora_cpu']:.2f}x per CPU-s; vLLM's LoRA / base time "
+              f"{vllm_ratios['vllm_lora_overhead']:.2f}x")  # fmt: skip
+    else:
+        print("\nno vLLM cells: " + (vllm_offline.missing_reason() if args.vllm != "off"
+                                     else "--vllm off"))  # fmt: skip
     load_end = load_average()
     print(f"load average at start {load_start}, at end {load_end}")
     if args.json is not None:
@@ -330,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                 **{f"scale-{n}": [asdict(c) for c in v] for n, v in scaling_tries.items()},
             },
             "plan": asdict(plan),
+            "cores": cores,
+            "vllm_settings": vllm_cells[0].extra["settings"] if vllm_cells else None,
             "summary": summarize(requests),
         }
         write_record(
