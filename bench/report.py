@@ -109,7 +109,8 @@ def versions() -> dict[str, str | bool]:
         "loragate_commit": _git(["rev-parse", "--short", "HEAD"]),
         # Uncommitted engine-side changes mean the commit alone does not say what was measured.
         "engine_uncommitted_changes": _git(
-            ["status", "--porcelain", "--", "engine", "kernels", "lora"]
+            # Top-level pathspecs: _git runs in bench/, where plain "engine" matched nothing.
+            ["status", "--porcelain", "--", ":/engine", ":/kernels", ":/lora"]
         )
         != "",
     }
