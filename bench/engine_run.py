@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from flops import FlopCount
 from measurement import SystemResult
 from workload import BenchRequest
@@ -62,6 +63,8 @@ def build_engine(model_dir: Path, dtype: str, settings: EngineSettings) -> LLMEn
             num_kv_blocks=settings.num_kv_blocks,
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
+            # The bench's --threads (already set): the engine's default would be every core.
+            threads=torch.get_num_threads(),
         )
     )
 

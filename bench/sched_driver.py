@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,16 +29,20 @@ from lora.registry import AdapterId
 class StubSource:
     """Adapter payloads that are just names: loading and slotting cost nothing."""
 
-    def load(self, adapter_id: AdapterId) -> str:
-        return f"adapter-{adapter_id}"
+    def start_load(self, adapter_id: AdapterId) -> Future[str]:
+        future: Future[str] = Future()
+        future.set_result(f"adapter-{adapter_id}")
+        return future
 
     def activate(self, slot: int, adapter_id: AdapterId, payload: str) -> None:
         pass
 
 
 def adapter_cache(config: EngineConfig, num_adapters: int) -> AdapterCache[Any]:
+    # No model, so no slot bytes to size a pool by: 4 slots unless max_loras says otherwise.
+    num_slots = config.max_loras or 4
     cache: AdapterCache[Any] = AdapterCache(
-        max_loras=config.max_loras, max_cpu_loras=config.num_cpu_loras, source=StubSource()
+        max_loras=num_slots, max_cpu_loras=config.num_cpu_loras(num_slots), source=StubSource()
     )
     for i in range(1, num_adapters + 1):
         cache.register(AdapterId(i))

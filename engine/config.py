@@ -42,13 +42,18 @@ class EngineConfig:
     max_queue_len: int = 4096
     # The loop waits this long for more requests before stepping an empty batch (seconds).
     idle_wait_s: float = 0.05
-    # LoRA: adapter slots on the device (a batch never holds more distinct adapters), the CPU
-    # cache of adapters read from disk (None: max_loras), and the largest rank served.
+    # LoRA: the device memory for adapter slots (a batch never holds more distinct adapters than
+    # slots; each slot is max_lora_rank wide, lora/layers.py), an upper bound on the slots
+    # (None: max_num_seqs, more would never be in one batch), the CPU cache of adapters read
+    # from disk (at least the slots; None: the slots), and the largest rank served.
     enable_lora: bool = True
-    max_loras: int = 4
+    lora_pool_memory_bytes: int = 1 << 30
+    max_loras: int | None = None
     max_cpu_loras: int | None = None
     max_lora_rank: int = 16
     lora_modules: tuple[LoraModule, ...] = ()
+    # torch intra-op threads, set once at engine start (None: every core this process may use).
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -68,9 +73,19 @@ class EngineConfig:
             )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be >= 1")
-        if self.max_loras < 1:
+        if self.lora_pool_memory_bytes < 1:
+            raise ValueError("lora_pool_memory_bytes must be >= 1")
+        if self.max_loras is not None and self.max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
-        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+        if self.max_cpu_loras is not None and self.max_cpu_loras < 1:
+            raise ValueError(f"max_cpu_loras must be >= 1, got {self.max_cpu_loras}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if (
+            self.max_cpu_loras is not None
+            and self.max_loras is not None
+            and self.max_cpu_loras < self.max_loras
+        ):
             raise ValueError(
                 f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
             )
@@ -87,6 +102,17 @@ class EngineConfig:
     def model_name(self) -> str:
         return self.served_model_name or self.model
 
-    @property
-    def num_cpu_loras(self) -> int:
-        return self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras
+    def num_lora_slots(self, slot_num_bytes: int) -> int:
+        """Adapter slots: as many as lora_pool_memory_bytes holds at `slot_num_bytes` each
+        (lora/layers.py's slot_num_bytes), at most max_loras (None: max_num_seqs)."""
+        fit = self.lora_pool_memory_bytes // slot_num_bytes
+        if fit < 1:
+            raise ValueError(
+                f"lora_pool_memory_bytes ({self.lora_pool_memory_bytes}) holds no adapter slot "
+                f"({slot_num_bytes} bytes at max_lora_rank {self.max_lora_rank})"
+            )
+        return min(fit, self.max_num_seqs if self.max_loras is None else self.max_loras)
+
+    def num_cpu_loras(self, num_slots: int) -> int:
+        """The CPU tier's size for `num_slots` slots: max_cpu_loras, never below the slots."""
+        return max(num_slots, self.max_cpu_loras or 0)

@@ -30,6 +30,7 @@ from engine.request import EngineRequest, RequestId
 from engine.sampler import Sampler, SamplingRow
 from engine.scheduler import Scheduler, adapter_of
 from engine.sequence import Sequence
+from engine.threads import apply_threads
 from lora.manager import LoRAManager
 from lora.registry import AdapterId
 
@@ -56,6 +57,7 @@ class _RequestState:
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
+        self.num_threads = apply_threads(config.threads)
         self.model_config = load_model_config(config.model)
         mc = self.model_config
         self.device = torch.device(config.device)
@@ -211,6 +213,8 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         failed = self._fail(sched.failed)
         if sched.is_empty:
+            if self.lora is not None:  # all that waits may wait for a read: no busy spin
+                self.lora.cache.wait_for_load(self.config.idle_wait_s)
             self._finish_unloads()
             return [self._output(self._requests[rid]) for rid in failed if rid in self._requests]
         now = time.monotonic()

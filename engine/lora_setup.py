@@ -1,5 +1,12 @@
-"""Wiring between the engine and lora/: wrap the model's projections, build the manager,
-register the start-up adapters, and snapshot the adapter cache for stats."""
+"""Wiring between the engine and lora/: size the adapter pool, wrap the model's projections,
+build the manager, register the start-up adapters, and snapshot the adapter cache for stats.
+
+The pool is sized in bytes (S-LoRA's idea, without its paging): `lora_pool_memory_bytes` buys
+as many max-rank slots as it holds (lora/layers.py's slot_num_bytes, in the model's dtype),
+at most `max_loras` if set, else at most `max_num_seqs` (a batch never holds more distinct
+adapters than sequences). It sits beside the KV cache's own budget; on a CPU both are host
+memory.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from engine.models.hf_config import ModelConfig
 from engine.models.llama import LORA_PROJECTIONS, LlamaForCausalLM
 from engine.outputs import LoRAStats
 from lora.dims import BaseModelDims
-from lora.layers import LoRALayers
+from lora.layers import LoRALayers, slot_num_bytes
 from lora.manager import LoRAManager
 from lora.registry import AdapterId
 
@@ -37,18 +44,26 @@ def build_lora_manager(
     """Wraps the model's projections in place; start-up adapters that fail validation raise
     their AdapterError (the engine does not start with a broken --lora-modules)."""
     dims = model_dims(mc, config)
+    num_slots = config.num_lora_slots(
+        slot_num_bytes(
+            LORA_PROJECTIONS,
+            dims,
+            max_rank=config.max_lora_rank,
+            element_size=model.embed_tokens.weight.element_size(),
+        )
+    )
     layers = LoRALayers(
         model.layers,
         LORA_PROJECTIONS,
         dims,
-        max_loras=config.max_loras,
+        max_loras=num_slots,
         max_rank=config.max_lora_rank,
     )
     manager = LoRAManager(
         layers,
         dims,
-        max_loras=config.max_loras,
-        max_cpu_loras=config.num_cpu_loras,
+        max_loras=num_slots,
+        max_cpu_loras=config.num_cpu_loras(num_slots),
         max_lora_rank=config.max_lora_rank,
         device=device,
         base_model_name=config.model_name,

@@ -30,16 +30,19 @@ it admits, at most `max_num_seqs` it passes over (below) and the one that stops 
 search for a preemption candidate looks at most `max_num_seqs` deep. With nothing waiting that
 outranks the worst running sequence (the common case) no search happens.
 
-Adapters. Every running sequence with an adapter pins it in one of `max_loras` slots (the
-adapter cache, lora/cache.py), so a batch never holds more distinct adapters than slots. A
-waiting sequence whose adapter can get no slot (all pinned) is passed over, not a stop: the ones
-behind it still run, up to `max_num_seqs` passed over per step. The first such sequence in line
-picks one pinned slot to drain (fewest running users): sequences behind it in line that would
-pin that adapter again wait too, so the slot frees once its running sequences finish and the
-passed-over sequence gets it; it eventually leads the line (aging moves its band ahead, the
-fair-share counter its tenant), so its wait is bounded like any other. Each step the cache is told which adapters the line needs: those of the
-sequences this step may admit, in line order, then every other adapter a waiting sequence
-needs, by id (prefetch, eviction preference).
+Adapters. Every running sequence with an adapter pins it in one of the adapter cache's slots
+(lora/cache.py; their number comes from a memory budget, engine/lora_setup.py), so a batch
+never holds more distinct adapters than slots. A waiting sequence whose adapter can get no slot
+(all pinned) or is still being read from disk (on the manager's worker thread) is passed over,
+not a stop: the ones behind it still run, up to `max_num_seqs` passed over per step. The first
+sequence in line that finds no slot picks one pinned slot to drain (fewest running users):
+sequences behind it in line that would pin that adapter again wait too, so the slot frees once
+its running sequences finish and the passed-over sequence gets it; it eventually leads the line
+(aging moves its band ahead, the fair-share counter its tenant), so its wait is bounded like any
+other. A sequence whose adapter's read failed fails (that request only). Each step the cache is
+told which adapters the line needs: those of the sequences this step may admit, in line order,
+then every other adapter a waiting sequence needs, by id (the order reads start in, eviction
+preference).
 
 Invariant (check_invariants): every sequence is in exactly one of waiting (status WAITING, no
 KV blocks) and running (status RUNNING, at most max_num_seqs); each adapter's pins equal its
@@ -58,7 +61,6 @@ from engine.outputs import FailedSeq, FinishReason, ScheduledSeq, SchedulerOutpu
 from engine.sequence import Sequence, SequenceStatus
 from engine.waiting_queue import WaitingQueue
 from lora.cache import AdapterCache
-from lora.errors import AdapterError
 from lora.registry import AdapterId
 
 
@@ -191,17 +193,18 @@ class Scheduler:
             if seq is None:
                 break
             adapter = adapter_of(seq)
-            if (
-                adapter is not None
-                and self.adapters is not None
-                and (adapter == drained or not self.adapters.can_acquire(adapter))
-            ):
-                passed.append(seq)
-                if drained is None:
-                    drained = self.adapters.drain_target()
-                if len(passed) >= self.config.max_num_seqs:
-                    break
-                continue
+            if adapter is not None and self.adapters is not None:
+                error = self.adapters.load_error(adapter)
+                if error is not None:
+                    failed.append(FailedSeq(seq, f"adapter could not be loaded: {error.message}"))
+                    continue
+                if adapter == drained or not self.adapters.can_acquire(adapter):
+                    passed.append(seq)
+                    if drained is None and not self.adapters.can_get_slot(adapter):
+                        drained = self.adapters.drain_target()
+                    if len(passed) >= self.config.max_num_seqs:
+                        break
+                    continue
             hit = self._prefix_hit(seq)
             num_computed = hit.num_blocks * self.block_manager.block_size
             num_new = min(seq.num_tokens - num_computed, budget)
@@ -209,11 +212,7 @@ class Scheduler:
                 passed.append(seq)
                 break
             if adapter is not None and self.adapters is not None:
-                try:
-                    self.adapters.acquire(adapter)
-                except AdapterError as exc:
-                    failed.append(FailedSeq(seq, f"adapter could not be loaded: {exc.message}"))
-                    continue
+                self.adapters.acquire(adapter)
             self.block_manager.allocate(seq, num_new, hit)
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = num_computed
@@ -236,7 +235,8 @@ class Scheduler:
             best = self.waiting.best_level(self.num_steps)
             if best is None or best >= self.level(victim):
                 return  # nobody waiting ranks above the victim (the common case: no search)
-            # Preempting for a sequence that would still find no adapter slot helps nobody.
+            # Preempting for a sequence that would still find no adapter slot (or whose adapter
+            # is still being read) helps nobody.
             candidate = self._first_with_slot()
             if candidate is None:
                 return

@@ -66,13 +66,28 @@ class EngineSettings(BaseModel):
         default=4096, ge=1, description="requests in flight at most (more are refused with 503)"
     )
     enable_lora: bool = Field(default=True, description="LoRA wrappers and adapter slots")
-    max_loras: int = Field(default=4, description="adapter slots on the device")
+    lora_pool_memory_gb: float = Field(
+        default=1.0,
+        gt=0,
+        description="device memory for adapter slots, in GiB (beside the KV cache; host memory "
+        "on CPU); it holds as many max-lora-rank slots as fit",
+    )
+    max_loras: int | None = Field(
+        default=None,
+        description="adapter slots at most (default: max-num-seqs; fewer if the pool holds fewer)",
+    )
     max_cpu_loras: int | None = Field(
-        default=None, description="adapters cached in CPU memory (>= max-loras; default: max-loras)"
+        default=None,
+        description="adapters cached in CPU memory (>= max-loras; default and at least: the slots)",
     )
     max_lora_rank: int = Field(default=16, description="the largest adapter rank served")
     lora_modules: tuple[LoraModuleSpec, ...] = Field(
         default=(), description="adapters to serve from the start"
+    )
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="torch intra-op threads, set at engine start (default: every core available)",
     )
 
     @model_validator(mode="after")
@@ -99,6 +114,7 @@ class EngineSettings(BaseModel):
             decode_attention=self.decode_attention,
             max_queue_len=self.max_queue_len,
             enable_lora=self.enable_lora,
+            lora_pool_memory_bytes=int(self.lora_pool_memory_gb * (1 << 30)),
             max_loras=self.max_loras,
             max_cpu_loras=self.max_cpu_loras,
             max_lora_rank=self.max_lora_rank,
@@ -106,4 +122,5 @@ class EngineSettings(BaseModel):
                 LoraModule(name=m.name, path=m.path, base_model_name=m.base_model_name)
                 for m in self.lora_modules
             ),
+            threads=self.threads,
         )

@@ -17,6 +17,13 @@ blocks of B cost (n - 1) / n of the expand's small FLOPs.
 
 Every wrapper of a model shares one LoRAStepContext; the model runner puts the step's LoRABatch
 on it for the forward pass. No batch (no token uses an adapter): the base layer alone runs.
+
+The pool in bytes. Every slot is max_rank wide, whatever the rank of the adapter in it, so a
+slot costs `slot_num_bytes` (the sum of the two stacks' rows above, over every wrapper) and a
+memory budget buys budget // that many slots (engine/lora_setup.py). A rank-aware allocator
+(S-LoRA's unified paging) would fit more low-rank adapters in the same bytes, but the kernels
+index one stacked tensor per projection by slot; fixed-width slots keep them as they are and
+waste at most (max_rank - r) / max_rank of a rank-r adapter's slot.
 """
 
 from __future__ import annotations
@@ -136,6 +143,23 @@ def _sub_projections(modules: Sequence[str], dims: BaseModelDims) -> list[SubPro
     return subs
 
 
+def slot_num_bytes(
+    layout: Mapping[str, tuple[str, ...]],
+    dims: BaseModelDims,
+    *,
+    max_rank: int,
+    element_size: int,
+) -> int:
+    """Bytes one slot takes in every wrapper of the model together (lora_a + lora_b)."""
+    per_layer = 0
+    for modules in layout.values():
+        subs = _sub_projections(modules, dims)
+        in_features = dims.in_out(modules[0])[0]
+        out_features = subs[-1].offset + subs[-1].width
+        per_layer += len(subs) * max_rank * (in_features + out_features)
+    return dims.num_layers * per_layer * element_size
+
+
 class LoRALayers:
     """Every LoRA wrapper of one model, by decoder layer; fills and clears slots."""
 
@@ -170,6 +194,11 @@ class LoRALayers:
                 )
                 setattr(parent, attr, wrapper)
                 self.wrappers.append((layer_index, wrapper))
+
+    @property
+    def num_bytes(self) -> int:
+        """The slot stacks' memory, every wrapper together."""
+        return sum(w.lora_a.nbytes + w.lora_b.untyped_storage().nbytes() for _, w in self.wrappers)
 
     def set_slot(self, slot: int, adapter: LoadedAdapter | None) -> None:
         if adapter is not None and adapter.rank > self.max_rank:

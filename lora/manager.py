@@ -1,10 +1,13 @@
 """The engine's one entry to LoRA: the adapter registry, the cache policy over the slots, and
 the per-step batch metadata. Runs on the engine loop thread, except `read`, which is pure
-(validation and disk reads) so the server can run it on a worker thread."""
+(validation and disk reads): the server runs it on a worker thread for the load endpoint, and
+the cache's reads run it on the manager's own reader thread (`start_load`), so a request whose
+adapter must come from disk never stalls the sequences stepping beside it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 
@@ -59,15 +62,23 @@ class LoRAManager:
             limits=LoaderLimits(max_lora_rank=max_lora_rank),
             pin=device.type == "cuda",
         )
+        # One reader: reads are mostly validation and copies, and a second thread would take
+        # a core from the forward pass more often than it would hide a disk wait.
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lora-reader")
         self.cache: AdapterCache[LoadedAdapter] = AdapterCache(
             max_loras=max_loras, max_cpu_loras=max_cpu_loras, source=self
         )
         self._slot_ranks = [0] * max_loras
 
+    def close(self) -> None:
+        """Stop the reader thread; reads not started yet are dropped."""
+        self._reader.shutdown(wait=False, cancel_futures=True)
+
     # -- AdapterSource (called by the cache) ---------------------------------------------
 
-    def load(self, adapter_id: AdapterId) -> LoadedAdapter:
-        return self.read(self.registry.by_id(adapter_id).path)
+    def start_load(self, adapter_id: AdapterId) -> Future[LoadedAdapter]:
+        # The path is looked up here, on the loop thread: the registry is not shared.
+        return self._reader.submit(self.read, self.registry.by_id(adapter_id).path)
 
     def activate(self, slot: int, adapter_id: AdapterId, payload: LoadedAdapter) -> None:
         self.layers.set_slot(slot, payload)

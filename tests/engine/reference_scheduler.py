@@ -19,7 +19,6 @@ from engine.outputs import FailedSeq, FinishReason, ScheduledSeq, SchedulerOutpu
 from engine.scheduler import adapter_of
 from engine.sequence import Sequence, SequenceStatus
 from lora.cache import AdapterCache
-from lora.errors import AdapterError
 from lora.registry import AdapterId
 
 
@@ -172,28 +171,25 @@ class ReferenceScheduler:
             if len(self.running) + len(admitted) >= self.config.max_num_seqs or budget <= 0:
                 break
             adapter = adapter_of(seq)
-            if (
-                adapter is not None
-                and self.adapters is not None
-                and (adapter == drained or not self.adapters.can_acquire(adapter))
-            ):
-                if drained is None:
-                    drained = self.adapters.drain_target()
-                num_passed += 1
-                if num_passed >= self.config.max_num_seqs:
-                    break
-                continue
+            if adapter is not None and self.adapters is not None:
+                error = self.adapters.load_error(adapter)
+                if error is not None:
+                    failed.append(FailedSeq(seq, f"adapter could not be loaded: {error.message}"))
+                    continue
+                if adapter == drained or not self.adapters.can_acquire(adapter):
+                    if drained is None and not self.adapters.can_get_slot(adapter):
+                        drained = self.adapters.drain_target()
+                    num_passed += 1
+                    if num_passed >= self.config.max_num_seqs:
+                        break
+                    continue
             hit = self._prefix_hit(seq)
             num_computed = hit.num_blocks * self.block_manager.block_size
             num_new = min(seq.num_tokens - num_computed, budget)
             if not self.block_manager.can_allocate(seq, num_new, hit):
                 break
             if adapter is not None and self.adapters is not None:
-                try:
-                    self.adapters.acquire(adapter)
-                except AdapterError as exc:
-                    failed.append(FailedSeq(seq, f"adapter could not be loaded: {exc.message}"))
-                    continue
+                self.adapters.acquire(adapter)
             self.block_manager.allocate(seq, num_new, hit)
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = num_computed

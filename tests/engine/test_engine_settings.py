@@ -22,7 +22,8 @@ VALUES = {
     "kv_cache_memory_gb": "2.0", "max_num_seqs": "8", "max_num_batched_tokens": "512",
     "max_model_len": "1024", "scheduling_policy": "fcfs", "aging_steps": "9",
     "enable_prefix_caching": "false", "decode_attention": "matmul", "max_queue_len": "10",
-    "enable_lora": "true", "max_loras": "2", "max_cpu_loras": "3", "max_lora_rank": "32",
+    "enable_lora": "true", "lora_pool_memory_gb": "0.5", "max_loras": "2", "max_cpu_loras": "3",
+    "max_lora_rank": "32", "threads": "3",
 }  # fmt: skip
 
 

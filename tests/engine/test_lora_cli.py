@@ -65,9 +65,16 @@ def test_flags_reach_the_config():
          "--lora-modules", "a=/x", '{"name": "b", "path": "/y"}']
     )  # fmt: skip
     config = _engine_config(args)
-    assert (config.max_loras, config.num_cpu_loras, config.max_lora_rank) == (3, 5, 32)
+    assert (config.max_loras, config.num_cpu_loras(3), config.max_lora_rank) == (3, 5, 32)
     assert [m.name for m in config.lora_modules] == ["a", "b"]
-    assert _engine_config(parse(["--max-loras", "6"])).num_cpu_loras == 6
+    assert _engine_config(parse(["--max-loras", "6"])).num_cpu_loras(6) == 6
+    # Slots from the budget: as many as it holds, at most max_loras.
+    assert _engine_config(parse(["--max-loras", "6"])).num_lora_slots(1 << 20) == 6
+    sized = _engine_config(parse(["--lora-pool-memory-gb", "0.01"]))
+    assert sized.lora_pool_memory_bytes == int(0.01 * (1 << 30))
+    assert sized.num_lora_slots(1 << 20) == 10 and sized.num_lora_slots(1) == sized.max_num_seqs
+    with pytest.raises(ValueError, match="lora_pool_memory_bytes"):
+        sized.num_lora_slots(1 << 30)
 
 
 def test_max_cpu_loras_below_max_loras_is_a_startup_error():

@@ -1,7 +1,8 @@
 """The scheduler with adapter slots (no model): a batch never holds more distinct adapters than
 max_loras, a request whose adapter gets no slot waits without holding up others and within the
-aging bound, every request is eventually served (hypothesis), an unreadable adapter fails only
-its own requests."""
+aging bound, every request is eventually served (hypothesis, with disk reads finishing at once
+or held in flight for a few steps), a request whose adapter is still being read is passed over
+while the others run, an unreadable adapter fails only its own requests."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def lora_sim(
     num_adapters: int = 8,
     num_blocks: int = 1024,
     block_size: int = 4,
+    hold_loads: bool = False,
     **config: object,
 ) -> tuple[Sim, AdapterCache[str], FakeSource]:
     cpu = max_cpu_loras if max_cpu_loras is not None else max_loras
@@ -35,7 +37,7 @@ def lora_sim(
         max_cpu_loras=cpu,
         **config,  # type: ignore[arg-type]
     )
-    source = FakeSource()
+    source = FakeSource(hold_loads=hold_loads)
     cache: AdapterCache[str] = AdapterCache(max_loras=max_loras, max_cpu_loras=cpu, source=source)
     for i in range(1, num_adapters + 1):
         cache.register(AdapterId(i))
@@ -127,6 +129,40 @@ def test_unreadable_adapter_fails_its_request_only():
     assert sim.block_manager.num_free_blocks == sim.block_manager.num_blocks
 
 
+def test_a_request_whose_adapter_is_being_read_is_passed_over_while_others_run():
+    sim, cache, source = lora_sim(max_loras=2, hold_loads=True)
+    sim.add("slow", 4, max_tokens=2, adapter_id=1)  # first in line; its read is held
+    sim.add("base", 4, max_tokens=10)
+    for _ in range(4):
+        out = sim.step()
+        cache.check_invariants()
+        sim.scheduler.check_invariants()
+        assert [s.seq.request.request_id for s in out.scheduled] == ["base"]
+        assert cache.is_loading(AdapterId(1))
+    assert source.loads == [AdapterId(1)], "one read, never repeated while in flight"
+    source.complete_all()
+    sim.run()
+    assert sim.first_token_step["base"] == 1 and sim.first_token_step["slow"] > 4
+    assert set(sim.finish_order()) == {"base", "slow"}
+    assert cache.stats.cpu_misses == 1 and cache.num_pinned_slots == 0
+
+
+def test_a_failed_read_fails_every_request_waiting_for_it_and_only_those():
+    sim, cache, source = lora_sim(max_loras=2, hold_loads=True)
+    source.unreadable.add(AdapterId(3))
+    bad = [sim.add(f"bad{i}", 4, max_tokens=2, adapter_id=3) for i in range(2)]
+    sim.add("ok", 4, max_tokens=2, adapter_id=1)
+    assert not sim.step().failed  # the reads are in flight
+    source.complete_all()
+    out = sim.step()
+    assert sorted(f.seq.seq_id for f in out.failed) == sorted(s.seq_id for s in bad)
+    assert all("vanished" in f.message for f in out.failed)
+    source.complete_all()
+    sim.run()
+    assert sim.finish_order() == ["ok"]
+    cache.check_invariants()
+
+
 def test_preemption_releases_the_adapter_slot():
     # 12 blocks of 4 tokens: four requests of 8 + 12 tokens cannot all run at once.
     sim, cache, _ = lora_sim(max_loras=4, num_blocks=12)
@@ -201,11 +237,13 @@ request_st = st.tuples(
     extra_cpu=st.integers(0, 2),
     num_blocks=st.integers(12, 64),
     policy=st.sampled_from(["priority", "fcfs"]),
+    read_every=st.integers(0, 3),  # 0: reads finish at once; k: held, finished every k steps
 )
 def test_every_request_is_served_within_the_slot_limit(
-    requests, max_loras, extra_cpu, num_blocks, policy
+    requests, max_loras, extra_cpu, num_blocks, policy, read_every
 ):
-    sim, cache, _ = lora_sim(
+    sim, cache, source = lora_sim(
+        hold_loads=read_every > 0,
         max_loras=max_loras,
         max_cpu_loras=max_loras + extra_cpu,
         num_blocks=num_blocks,
@@ -224,9 +262,12 @@ def test_every_request_is_served_within_the_slot_limit(
                 priority=priority if policy == "priority" else 0,
                 adapter_id=adapter or None,
             )  # fmt: skip
+        if read_every and step % read_every == 0:
+            source.complete_all()
         out = sim.step()
         assert len(distinct_adapters(out)) <= max_loras
         cache.check_invariants()
+        sim.scheduler.check_invariants()
         step += 1
         assert step < 3000, "a request was never served"
     assert sorted(sim.finish_order()) == sorted(f"r{i}" for i in range(len(requests)))

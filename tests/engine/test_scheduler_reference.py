@@ -40,9 +40,10 @@ step_st = st.tuples(
 def make_sim(cls: Any, config: EngineConfig, num_blocks: int) -> Sim:
     cache: AdapterCache[str] | None = None
     if config.enable_lora:
+        lora = config.max_loras or 1
         source = FakeSource(unreadable={AdapterId(UNREADABLE)})
         cache = AdapterCache(
-            max_loras=config.max_loras, max_cpu_loras=config.num_cpu_loras, source=source
+            max_loras=lora, max_cpu_loras=config.num_cpu_loras(lora), source=source
         )
         for i in range(1, UNREADABLE + 1):
             cache.register(AdapterId(i))

@@ -1,6 +1,8 @@
 """Acceptance 4 (the cache policy alone, no tensors): the slot tier never exceeds max_loras,
 the CPU tier never exceeds max_cpu_loras, an adapter in use keeps its slot (and its weights in
-it), eviction prefers what the waiting line does not need, prefetch reads ahead of admission."""
+it), eviction prefers what the waiting line does not need, reads start ahead of admission in
+line order, and an adapter whose read is in flight cannot be acquired (issue 14: reads run off
+the engine loop). The CPU-tier bound counts reads in flight."""
 
 from __future__ import annotations
 
@@ -34,13 +36,16 @@ def test_max_cpu_loras_below_max_loras_is_refused():
 
 def test_tiers_and_counters_through_a_swap():
     cache, source = make_cache(max_loras=1, max_cpu_loras=2)
-    assert cache.tier(A[0]) == "disk"
+    assert cache.tier(A[0]) == "disk" and not cache.can_acquire(A[0])
+    cache.plan([A[0]])  # the line needs it: its read starts (and, here, finishes at once)
+    assert cache.tier(A[0]) == "cpu"
     assert cache.acquire(A[0]) == 0
     assert cache.tier(A[0]) == "gpu" and source.loads == [A[0]]
     assert cache.acquire(A[0]) == 0  # a second sequence: a slot hit
     assert not cache.can_acquire(A[1])  # the only slot is pinned
     cache.release(A[0])
     cache.release(A[0])
+    cache.plan([A[1]])
     cache.acquire(A[1])
     assert cache.tier(A[0]) == "cpu" and cache.tier(A[1]) == "gpu"
     cache.release(A[1])
@@ -53,6 +58,7 @@ def test_tiers_and_counters_through_a_swap():
 
 def test_slot_eviction_prefers_what_no_waiting_request_needs():
     cache, _ = make_cache(max_loras=2, max_cpu_loras=4)
+    cache.plan([A[0], A[1]])
     cache.acquire(A[0])
     cache.acquire(A[1])
     cache.release(A[0])
@@ -65,6 +71,7 @@ def test_slot_eviction_prefers_what_no_waiting_request_needs():
 
 def test_slot_eviction_among_wanted_takes_the_one_needed_last():
     cache, _ = make_cache(max_loras=2, max_cpu_loras=4)
+    cache.plan([A[0], A[1]])
     for adapter_id in (A[0], A[1]):
         cache.acquire(adapter_id)
         cache.release(adapter_id)
@@ -75,12 +82,13 @@ def test_slot_eviction_among_wanted_takes_the_one_needed_last():
 
 def test_prefetch_reads_the_next_needed_adapter_into_cpu():
     cache, source = make_cache(max_loras=1, max_cpu_loras=2)
+    cache.plan([A[0]])
     cache.acquire(A[0])  # pinned: A[1] cannot get a slot yet
     cache.plan([A[1], A[2]])
     assert cache.tier(A[1]) == "cpu" and source.loads == [A[0], A[1]]
-    assert cache.stats.num_prefetches == 1  # one read per step
-    cache.plan([A[1], A[2]])
     # The CPU tier is full (A[0] pinned, A[1] needed sooner): A[2] is not read.
+    assert cache.tier(A[2]) == "disk" and cache.stats.num_prefetches == 2
+    cache.plan([A[1], A[2]])
     assert cache.tier(A[2]) == "disk"
     cache.release(A[0])
     cache.acquire(A[1])
@@ -89,26 +97,85 @@ def test_prefetch_reads_the_next_needed_adapter_into_cpu():
 
 def test_prefetch_never_evicts_what_is_needed_sooner():
     cache, _ = make_cache(max_loras=1, max_cpu_loras=1)
+    cache.plan([A[0]])
     cache.acquire(A[0])
     cache.release(A[0])
     cache.plan([A[0], A[1]])
     assert cache.tier(A[0]) == "gpu" and cache.tier(A[1]) == "disk"
 
 
-def test_unreadable_adapter_fails_acquire_and_leaves_the_cache_intact():
+def test_unreadable_adapter_reports_its_error_for_one_step_and_leaves_the_cache_intact():
     cache, source = make_cache(max_loras=1, max_cpu_loras=1)
+    cache.plan([A[0]])
     cache.acquire(A[0])
     cache.release(A[0])
     source.unreadable.add(A[1])
-    cache.plan([A[1]])  # a failed prefetch is not an error: admission reports it
-    with pytest.raises(AdapterError):
-        cache.acquire(A[1])
-    assert cache.tier(A[0]) == "gpu" and cache.num_in_use(A[1]) == 0
+    cache.plan([A[1]])
+    assert isinstance(cache.load_error(A[1]), AdapterError)  # admission fails its requests
+    assert not cache.can_acquire(A[1]) and cache.num_in_use(A[1]) == 0
+    assert cache.tier(A[0]) == "gpu" and cache.tier(A[1]) == "disk"
+    cache.check_invariants()
+    source.unreadable.clear()
+    cache.plan([A[1]])  # the next step's line reads it again
+    assert cache.load_error(A[1]) is None and cache.tier(A[1]) == "cpu"
+    assert source.loads == [A[0], A[1], A[1]]
+    cache.check_invariants()
+
+
+def test_a_read_in_flight_is_not_acquirable_until_a_plan_collects_it():
+    source = FakeSource(hold_loads=True)
+    cache: AdapterCache[str] = AdapterCache(max_loras=2, max_cpu_loras=2, source=source)
+    cache.register(A[0])
+    cache.plan([A[0]])
+    assert cache.is_loading(A[0]) and cache.tier(A[0]) == "disk"
+    assert cache.can_get_slot(A[0]) and not cache.can_acquire(A[0])
+    with pytest.raises(RuntimeError):
+        cache.acquire(A[0])
+    cache.plan([A[0]])  # still in flight: not read a second time
+    assert source.loads == [A[0]]
+    source.complete(A[0])  # the worker finished; the loop has not looked yet
+    assert not cache.can_acquire(A[0])
+    cache.plan([A[0]])
+    assert cache.tier(A[0]) == "cpu" and cache.can_acquire(A[0])
+    assert cache.acquire(A[0]) == 0
+    assert (cache.stats.num_loads, cache.stats.cpu_misses, cache.stats.cpu_hits) == (1, 1, 0)
+    cache.check_invariants()
+
+
+def test_reads_in_flight_hold_their_cpu_room_and_their_number_is_bounded():
+    source = FakeSource(hold_loads=True)
+    cache: AdapterCache[str] = AdapterCache(
+        max_loras=1, max_cpu_loras=3, source=source, max_pending_loads=2
+    )
+    for adapter_id in A[:6]:
+        cache.register(adapter_id)
+    cache.plan(A[:5])
+    assert source.loads == [A[0], A[1]]  # two in flight at most, first needed first
+    cache.check_invariants()
+    source.complete_all()
+    cache.plan(A[:5])
+    assert source.loads == [A[0], A[1], A[2]]  # A[0], A[1] read; one CPU entry left
+    cache.check_invariants()
+    cache.register(A[5], f"payload-{A[5]}")  # no room: A[0..1] are wanted, A[2] in flight
+    assert cache.tier(A[5]) == "disk"
+    cache.check_invariants()
+
+
+def test_unregister_drops_a_read_in_flight():
+    source = FakeSource(hold_loads=True)
+    cache: AdapterCache[str] = AdapterCache(max_loras=1, max_cpu_loras=1, source=source)
+    cache.register(A[0])
+    cache.plan([A[0]])
+    cache.unregister(A[0])
+    source.complete_all()
+    cache.plan([A[0]])
+    assert cache.num_cpu == 0 and cache.num_pending_loads == 0
     cache.check_invariants()
 
 
 def test_unregister_in_use_is_refused_until_released():
     cache, _ = make_cache()
+    cache.plan([A[0]])
     cache.acquire(A[0])
     with pytest.raises(RuntimeError):
         cache.unregister(A[0])
@@ -118,7 +185,8 @@ def test_unregister_in_use_is_refused_until_released():
 
 
 class CacheMachine(RuleBasedStateMachine):
-    """Random registers, acquires, releases, plans and unregisters over a small cache."""
+    """Random registers, acquires, releases, plans, unregisters and (with reads held in
+    flight) read completions over a small cache; one adapter cannot be read."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -129,10 +197,20 @@ class CacheMachine(RuleBasedStateMachine):
         self.known: set[AdapterId] = set()
 
     @precondition(lambda self: self.cache is None)
-    @rule(max_loras=st.integers(1, 4), extra_cpu=st.integers(0, 4))
-    def create(self, max_loras: int, extra_cpu: int) -> None:
+    @rule(
+        max_loras=st.integers(1, 4),
+        extra_cpu=st.integers(0, 4),
+        hold_loads=st.booleans(),
+        max_pending=st.integers(1, 3),
+    )
+    def create(self, max_loras: int, extra_cpu: int, hold_loads: bool, max_pending: int) -> None:
+        self.source.hold_loads = hold_loads
+        self.source.unreadable = {A[-1]}
         self.cache = AdapterCache(
-            max_loras=max_loras, max_cpu_loras=max_loras + extra_cpu, source=self.source
+            max_loras=max_loras,
+            max_cpu_loras=max_loras + extra_cpu,
+            source=self.source,
+            max_pending_loads=max_pending,
         )
 
     @precondition(lambda self: self.cache is not None)
@@ -148,6 +226,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.cache is not None
         if adapter not in self.known or not self.cache.can_acquire(adapter):
             return
+        assert not self.cache.is_loading(adapter) and self.cache.load_error(adapter) is None
         slot = self.cache.acquire(adapter)
         assert self.pins.setdefault(adapter, slot) == slot
         self.counts[adapter] = self.counts.get(adapter, 0) + 1
@@ -167,6 +246,17 @@ class CacheMachine(RuleBasedStateMachine):
     def plan(self, waiting: list[AdapterId | None]) -> None:
         assert self.cache is not None
         self.cache.plan(waiting)
+
+    @precondition(lambda self: bool(self.source.pending))
+    @rule(data=st.data())
+    def finish_a_read(self, data: st.DataObject) -> None:
+        self.source.complete(data.draw(st.sampled_from(sorted(self.source.pending))))
+
+    @precondition(lambda self: self.cache is not None)
+    @rule()
+    def poll(self) -> None:
+        assert self.cache is not None
+        self.cache.poll()
 
     @precondition(lambda self: self.cache is not None)
     @rule(adapter=st.sampled_from(A))
@@ -209,9 +299,11 @@ class CacheMachine(RuleBasedStateMachine):
             # In use: still in the slot it was pinned in, and the slot still holds its weights.
             assert cache.slot_of(adapter) == slot
             assert self.source.slot_contents[slot] == adapter
-        # With a slot free or unpinned, every known adapter can be served.
+        # With a slot free or unpinned, every known adapter can get one, and every adapter
+        # read into the CPU tier can be served now.
         if len(self.pins) < cache.max_loras:
-            assert all(cache.can_acquire(a) for a in self.known)
+            assert all(cache.can_get_slot(a) for a in self.known)
+            assert all(cache.can_acquire(a) for a in self.known if cache.tier(a) != "disk")
 
 
 CacheMachine.TestCase.settings = settings(
