@@ -2,6 +2,7 @@
 
     python bench/lora_throughput.py --json bench/out/lora_throughput.json
     python bench/lora_throughput.py --quick --json bench/out/lora_quick.json
+    python bench/lora_throughput.py --cells scaling --json bench/out/lora_scaling.json
 
 On the engine benchmark's seeded variable-length workload (bench/workload.py):
   a. LoRA overhead: the requests spread over 8 rank-16 adapters vs the same requests on the
@@ -9,12 +10,14 @@ On the engine benchmark's seeded variable-length workload (bench/workload.py):
   b. vs PEFT: the same adapter mix through PEFT's mixed-adapter batched `generate`
      (`adapter_names=`) and through PEFT one request at a time (`set_adapter`). Goal: >= 4x
      PEFT's mixed batch.
-  c. Adapter scaling: 1, 10, 100, 1000 registered adapters with zipf popularity,
-     max_loras=8, max_cpu_loras=32. Goal: <= 15% throughput loss from 1 to 1000. One more
-     cell repeats 1000 with 32 slots, one runs the base model held to the batch the 8 slots
-     left (roughly the least loss adapter code could reach; neither is a goal row), and
-     every cell prints the fewest decode steps any scheduler could take under its slot and
-     seat limits (lora_adapters.py).
+  c. Adapter scaling: 1, 10, 100, 1000 registered adapters with zipf popularity, the slot
+     pool sized by memory (the engine's default `lora_pool_memory_gb`, no `max_loras`: as many
+     slots as the budget holds, at most max_num_seqs). Goal: <= 15% throughput loss from 1 to
+     1000. One more cell repeats 1000 with the old fixed 8 slots, one runs the base model held
+     to scale-1000's mean batch (roughly the least loss adapter code could reach; neither is a
+     goal row), and every cell prints its slots and the fewest decode steps any scheduler could
+     take under its slot and seat limits (lora_adapters.py). `--cells scaling` runs (c) alone
+     (its JSON then holds only `ratios.scaling_loss_1_to_1000`).
 Every cell records wall time and this process's CPU time; the ratios use CPU time (one
 thread: the work done, not the waits on a shared machine), `ratios_wall` the wall time.
 See bench/RESULTS.md ("LoRA throughput").
@@ -26,7 +29,7 @@ import argparse
 import datetime
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -65,11 +68,13 @@ class LoraPlan:
     scaling_dirs: int
     repeats: int  # (a)'s cells and (c)'s two ends run this many times; the best counts
     zipf_s: float = 1.0
-    max_loras: int = 8
-    max_cpu_loras: int = 32
-    # One more cell at the largest count with this many slots: shows how much of (c)'s loss is
-    # the slot limit rather than the registry, the disk and the CPU cache.
-    scaling_check_loras: int = 32
+    # (c)'s pool: sized by memory (None: no slot cap but max_num_seqs), CPU tier >= the slots.
+    max_loras: int | None = None
+    lora_pool_memory_gb: float = 1.0
+    max_cpu_loras: int | None = None
+    # One more cell at the largest count with this many fixed slots (the setting before the
+    # pool was sized by memory): shows how much of the loss a fixed slot count caused.
+    scaling_check_loras: int = 8
 
 
 FULL = LoraPlan(
@@ -110,8 +115,9 @@ def run_loragate(
     assignment: Sequence[str | None],
     adapters: dict[str, Path],
     *,
-    max_loras: int,
-    max_cpu_loras: int,
+    max_loras: int | None,
+    max_cpu_loras: int | None,
+    lora_pool_memory_gb: float = 1.0,
     enable_lora: bool = True,
     max_num_seqs: int = MAX_NUM_SEQS,
 ) -> Cell:
@@ -123,11 +129,15 @@ def run_loragate(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=2048,
             enable_lora=enable_lora,
+            lora_pool_memory_bytes=int(lora_pool_memory_gb * (1 << 30)),
             max_loras=max_loras,
             max_cpu_loras=max_cpu_loras,
             max_lora_rank=args.rank,
+            threads=args.threads,
         )
     )
+    # The slots the pool holds (sized by memory unless max_loras caps it).
+    num_slots = engine.lora.cache.max_loras if engine.lora is not None else max_loras or 1
     if engine.lora is not None:
         # Names sharing a directory share one read at registration (1000 names, few files).
         read = {path: engine.lora.read(str(path)) for path in set(adapters.values())}
@@ -145,9 +155,11 @@ def run_loragate(
         "decode_step_bound": decode_step_bound(
             [r.num_output_tokens for r in requests],
             assignment if enable_lora else [None] * len(requests),
-            max_loras=max_loras,
+            max_loras=num_slots,
             max_num_seqs=max_num_seqs,
         ),
+        "num_slots": num_slots,
+        "threads": engine.num_threads,
     }
     if before is not None and (after := engine.stats().lora) is not None:
         extra |= {k: v - getattr(before, k) for k, v in asdict(after).items()}
@@ -155,7 +167,8 @@ def run_loragate(
     print(
         f"  {name} ({setting}): {cell.tokens_per_s:.1f} tok/s wall, "
         f"{cell.tokens_per_cpu_s:.1f} tok/cpu-s, mean batch {extra['mean_batch']:.1f}, "
-        f"{extra['num_steps']} steps (decode needs >= {extra['decode_step_bound']})",
+        f"{extra['num_steps']} steps (decode needs >= {extra['decode_step_bound']}), "
+        f"{num_slots} slots, {engine.num_threads} threads",
         flush=True,
     )
     return cell
@@ -184,6 +197,54 @@ def _run(
     return num_tokens
 
 
+def _lora_vs_base_and_peft(
+    run: Callable[..., Cell],
+    plan: LoraPlan,
+    model_dir: Path,
+    dtype: str,
+    requests: Sequence[BenchRequest],
+    eight: dict[str, Path],
+    mix: Sequence[str | None],
+    none: Sequence[str | None],
+    vllm: lora_vllm.LoraVllm | None = None,
+) -> tuple[dict[str, list[Cell]], list[Cell]]:
+    """(a) and (b): base and 8-adapter cells (interleaved repeats, vLLM's base and 8-adapter
+    cells in the same rounds when given), LoRA disabled, PEFT."""
+    tries: dict[str, list[Cell]] = {"base": [], "lora": []}
+    for _ in range(plan.repeats):  # interleaved, so drift and warm-up hit both alike
+        if vllm is not None:
+            vllm.round(requests, mix)
+        tries["base"].append(run("base", "no adapter", none, eight, max_loras=8, max_cpu_loras=8))
+        tries["lora"].append(
+            run(
+                "lora",
+                f"{plan.num_adapters} adapters r{plan.rank}",
+                mix,
+                eight,
+                max_loras=8,
+                max_cpu_loras=8,
+            )
+        )
+    base, lora = (min(tries[k], key=lambda c: c.cpu_s) for k in ("base", "lora"))
+    nolora = run(
+        "base-nolora", "LoRA disabled", none, {}, max_loras=8, max_cpu_loras=8, enable_lora=False
+    )
+    peft = load_peft(model_dir, _DTYPES[dtype], eight)
+    mixed, seq = (
+        Cell(name, "peft", setting, n, len(requests), tokens, wall, cpu)
+        for name, setting, n, tokens, wall, cpu in run_peft(
+            peft, plan.peft_mixed, plan.peft_sequential, requests, mix
+        )
+    )
+    del peft
+    for c in (mixed, seq):
+        print(
+            f"  {c.name}: {c.tokens_per_s:.1f} tok/s wall, {c.tokens_per_cpu_s:.1f} tok/cpu-s",
+            flush=True,
+        )
+    return tries, [base, lora, nolora, mixed, seq]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="default .cache/models/<size>")
@@ -192,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--adapter-dir", type=Path, default=Path(".cache/lora_bench"))
+    parser.add_argument(
+        "--cells", choices=["all", "scaling"], default="all", help="scaling: (c) alone"
+    )
     parser.add_argument(
         "--vllm",
         choices=["auto", "off", "required"],
@@ -229,49 +293,26 @@ def main(argv: list[str] | None = None) -> int:
     ) -> Cell:
         return run_loragate(name, setting, model_dir, args, requests, assignment, adapters, **kw)
 
-    vllm = None
-    if args.vllm != "off":
-        vllm = lora_vllm.start(model_dir, args.dtype, requests, eight, rank=plan.rank,
-                               max_num_seqs=MAX_NUM_SEQS, mode=args.vllm_mode)  # fmt: skip
-    tries: dict[str, list[Cell]] = {"base": [], "lora": []}
-    for _ in range(plan.repeats):  # interleaved, so drift and warm-up hit both alike
-        if vllm is not None:  # vLLM's base and 8-adapter cells in the same rounds
-            vllm.round(requests, mix)
-        tries["base"].append(run("base", "no adapter", none, eight, max_loras=8, max_cpu_loras=8))
-        tries["lora"].append(
-            run(
-                "lora",
-                f"{plan.num_adapters} adapters r{plan.rank}",
-                mix,
-                eight,
-                max_loras=8,
-                max_cpu_loras=8,
-            )
-        )
-    base, lora = (min(tries[k], key=lambda c: c.cpu_s) for k in ("base", "lora"))
+    tries: dict[str, list[Cell]] = {}
+    ab: list[Cell] = []  # base, lora, base-nolora, peft-mixed, peft-sequential
     vllm_ratios: dict[str, float] = {}
     vllm_cells: list[Cell] = []
-    if vllm is not None:
-        vllm.close()
-        ours = min(tries["lora"], key=lambda c: c.wall_s)
-        vllm_ratios, vllm_cells = lora_vllm.vllm_ratios(ours, vllm)
-        tries |= vllm.tries
-    nolora = run(
-        "base-nolora", "LoRA disabled", none, {}, max_loras=8, max_cpu_loras=8, enable_lora=False
-    )
-    peft = load_peft(model_dir, _DTYPES[args.dtype], eight)
-    mixed, seq = (
-        Cell(name, "peft", setting, n, len(requests), tokens, wall, cpu)
-        for name, setting, n, tokens, wall, cpu in run_peft(
-            peft, plan.peft_mixed, plan.peft_sequential, requests, mix
-        )
-    )
-    del peft
-    for c in (mixed, seq):
-        print(
-            f"  {c.name}: {c.tokens_per_s:.1f} tok/s wall, {c.tokens_per_cpu_s:.1f} tok/cpu-s",
-            flush=True,
-        )
+    if args.cells == "all":
+        vllm = None
+        if args.vllm != "off":
+            vllm = lora_vllm.start(model_dir, args.dtype, requests, eight, rank=plan.rank,
+                                   max_num_seqs=MAX_NUM_SEQS, mode=args.vllm_mode)  # fmt: skip
+        try:
+            tries, ab = _lora_vs_base_and_peft(
+                run, plan, model_dir, args.dtype, requests, eight, mix, none, vllm
+            )
+        finally:
+            if vllm is not None:
+                vllm.close()
+        if vllm is not None:
+            ours = min(tries["lora"], key=lambda c: c.wall_s)
+            vllm_ratios, vllm_cells = lora_vllm.vllm_ratios(ours, vllm)
+            tries |= vllm.tries
     setups = {}
     for n in plan.scaling:
         names = [f"a{i}" for i in range(n)]
@@ -301,11 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     adapters, assignment = setups[n]
     check = run(
         f"scale-{n}-slots{plan.scaling_check_loras}",
-        f"as scale-{n}, max_loras={plan.scaling_check_loras} (not a goal row)",
+        f"as scale-{n}, fixed max_loras={plan.scaling_check_loras}, max_cpu_loras=32 (the "
+        "setting before the pool was sized by memory; not a goal row)",
         assignment,
         adapters,
         max_loras=plan.scaling_check_loras,
-        max_cpu_loras=max(plan.max_cpu_loras, plan.scaling_check_loras),
+        max_cpu_loras=max(32, plan.scaling_check_loras),
     )
     # The base model (no LoRA work at all) held to the batch the slot limit left scale-N: about
     # the least time scale-N could take if its adapters cost nothing (an estimate, not a bound:
@@ -321,18 +363,27 @@ def main(argv: list[str] | None = None) -> int:
         enable_lora=False,
         max_num_seqs=seats,
     )
-    cells = [base, lora, nolora, mixed, seq, *vllm_cells, *scaling, check, floor]
-    by_cpu = ratios(base, lora, mixed, seq, scaling[0], scaling[-1], cpu=True)
-    by_wall = ratios(base, lora, mixed, seq, scaling[0], scaling[-1], cpu=False)
+    cells = [*ab, *vllm_cells, *scaling, check, floor]
+    if ab:
+        base, lora, _, mixed, seq = ab
+        by_cpu = ratios(base, lora, mixed, seq, scaling[0], scaling[-1], cpu=True)
+        by_wall = ratios(base, lora, mixed, seq, scaling[0], scaling[-1], cpu=False)
+    else:  # --cells scaling: (c)'s ratio alone, under the same key
+        by_cpu, by_wall = (
+            {"scaling_loss_1_to_1000": 1 - rate(scaling[-1]) / rate(scaling[0])}
+            for rate in (lambda c: c.tokens_per_cpu_s, lambda c: c.tokens_per_s)
+        )
     by_cpu |= vllm_ratios  # vs_vllm_lora is by wall clock in both (same cores, many processes)
     by_wall |= vllm_ratios
     loss_floor = 1 - floor.tokens_per_cpu_s / scaling[0].tokens_per_cpu_s
     print()
-    print(format_cells(cells, lora))
+    print(format_cells(cells, ab[1] if ab else scaling[0]))
     for label, r in (("cpu time", by_cpu), ("wall time", by_wall)):
-        print(f"\n[{label}] (a) LoRA / base time {r['lora_overhead']:.3f}x (goal <= 1.25x); "
-              f"(b) vs PEFT mixed {r['vs_peft_mixed']:.2f}x (goal >= 4x), vs PEFT one at a time "
-              f"{r['vs_peft_sequential']:.2f}x; (c) loss 1 -> {plan.scaling[-1]} adapters "
+        if ab:
+            print(f"\n[{label}] (a) LoRA / base time {r['lora_overhead']:.3f}x (goal <= 1.25x); "
+                  f"(b) vs PEFT mixed {r['vs_peft_mixed']:.2f}x (goal >= 4x), vs PEFT one at a "
+                  f"time {r['vs_peft_sequential']:.2f}x;", end="")  # fmt: skip
+        print(f"\n[{label}] (c) loss 1 -> {plan.scaling[-1]} adapters "
               f"{100 * r['scaling_loss_1_to_1000']:.1f}% (goal <= 15%)")  # fmt: skip
     print(f"(c) the base model alone (no LoRA work) held to scale-{n}'s batch ({seats}): "
           f"{-100 * loss_floor:+.1f}% throughput against scale-1; a loss near the measured one "
@@ -342,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
               f"adapters: {vllm_ratios['vs_vllm_lora']:.2f}x wall (goal >= 2x), "
               f"{vllm_ratios['vs_vllm_lora_cpu']:.2f}x per CPU-s; vLLM's LoRA / base time "
               f"{vllm_ratios['vllm_lora_overhead']:.2f}x")  # fmt: skip
-    else:
+    elif args.cells == "all":
         print("\nno vLLM cells: " + (vllm_offline.missing_reason() if args.vllm != "off"
                                      else "--vllm off"))  # fmt: skip
     load_end = load_average()
@@ -365,8 +416,10 @@ def main(argv: list[str] | None = None) -> int:
                 **{f"scale-{n}": [asdict(c) for c in v] for n, v in scaling_tries.items()},
             },
             "plan": asdict(plan),
+            "cells_run": args.cells,
             "cores": cores,
             "vllm_settings": vllm_cells[0].extra["settings"] if vllm_cells else None,
+            "threads_used": torch.get_num_threads(),
             "summary": summarize(requests),
         }
         write_record(
