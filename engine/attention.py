@@ -17,6 +17,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from engine.paged_decode import DecodeMetadata, paged_decode
+
 # How decode rows attend: two grouped matmuls, or the fused SDPA kernel. Which is faster on a
 # CPU depends on the CPU (engine/decode_backend.py measures it at start-up).
 DecodeBackend = Literal["matmul", "sdpa"]
@@ -102,11 +104,13 @@ def paged_attention(
     v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     k_cache: torch.Tensor,  # [num_kv_heads, num_slots, head_dim]
     v_cache: torch.Tensor,
-    meta: AttentionMetadata,
+    meta: AttentionMetadata | DecodeMetadata,
     scale: float,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+    if isinstance(meta, DecodeMetadata):  # the compiled decode-only forward
+        return paged_decode(q, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)
     if meta.num_decodes:
         out[: meta.num_decodes] = _decode(q[: meta.num_decodes], k_cache, v_cache, meta, scale)

@@ -39,6 +39,11 @@ class EngineConfig:
     # Decode attention: "auto" times both backends at start-up on this machine (CPU; CUDA uses
     # SDPA), or "matmul" / "sdpa" (engine/decode_backend.py).
     decode_attention: str = "auto"
+    # Decode-only steps of the base model run a torch.compile'd forward (engine/compile_decode.py)
+    # unless enforce_eager; inductor caches its artefacts in compile_cache_dir (None: its default
+    # under the system's temporary directory), so a restart loads instead of compiling.
+    enforce_eager: bool = True
+    compile_cache_dir: str | None = None
     max_queue_len: int = 4096
     # The loop waits this long for more requests before stepping an empty batch (seconds).
     idle_wait_s: float = 0.05

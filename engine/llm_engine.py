@@ -7,6 +7,7 @@ import itertools
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -92,6 +93,9 @@ class LLMEngine:
             device=self.device,
             lora=self.lora,
             decode_attention=config.decode_attention,
+            compile_decode=not config.enforce_eager,
+            max_num_seqs=config.max_num_seqs,
+            compile_cache_dir=_optional_path(config.compile_cache_dir),
         )
         self.sampler = Sampler(mc.vocab_size, self.device, seed=config.seed)
         self._requests: dict[RequestId, _RequestState] = {}
@@ -406,3 +410,7 @@ class LLMEngine:
 
     def check_invariants(self) -> None:
         self.block_manager.check_invariants(self.scheduler.live_sequences())
+
+
+def _optional_path(path: str | None) -> Path | None:
+    return None if path is None else Path(path)

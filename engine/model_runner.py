@@ -7,10 +7,12 @@ prefill chunk contiguously (attention per chunk).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from engine.attention import AttentionMetadata, DecodeBackend, PrefillSegment
+from engine.compile_decode import CompiledDecode
 from engine.decode_backend import choose_decode_backend
 from engine.models.hf_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
@@ -52,6 +54,9 @@ class ModelRunner:
         device: torch.device,
         lora: LoRAManager | None = None,
         decode_attention: str = "auto",
+        compile_decode: bool = False,
+        max_num_seqs: int = 64,
+        compile_cache_dir: Path | None = None,
     ):
         self.model = model
         self.lora = lora
@@ -66,7 +71,8 @@ class ModelRunner:
         self.config = config
         self.block_size = block_size
         self.device = device
-        num_slots = num_blocks * block_size
+        # The compiled path's padded rows write into one more block, never handed out.
+        num_slots = (num_blocks + (1 if compile_decode else 0)) * block_size
         self.kv_caches = [
             (
                 torch.zeros(
@@ -78,6 +84,17 @@ class ModelRunner:
             )
             for _ in range(config.num_layers)
         ]  # per layer: ([kv_heads, num_slots, head_dim], same): head-major, see attention.py
+        self.compiled: CompiledDecode | None = None
+        if compile_decode:
+            self.compiled = CompiledDecode(
+                model,
+                self.kv_caches,
+                block_size=block_size,
+                scratch_block=num_blocks,
+                max_num_seqs=max_num_seqs,
+                cache_dir=compile_cache_dir,
+            )
+            self.compiled.warm_up()
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ForwardOutput:
@@ -93,6 +110,29 @@ class ModelRunner:
             prefills.sort(key=self._adapter_slot)
         ordered = decodes + prefills
         input_ids, positions, slots = self._flatten(ordered)
+        if self.compiled is not None and decodes and not prefills and not has_lora:
+            lengths = [item.seq.num_computed_tokens + 1 for item in decodes]
+            hidden = self.compiled.forward(
+                input_ids,
+                positions,
+                slots,
+                self._decode_tables(decodes),
+                torch.tensor(lengths, dtype=torch.long, device=self.device),
+            )  # [num_decodes, hidden]
+        else:
+            hidden = self._forward_eager(decodes, prefills, has_lora, input_ids, positions, slots)
+        return self._logits(ordered, hidden)
+
+    def _forward_eager(
+        self,
+        decodes: list[ScheduledSeq],
+        prefills: list[ScheduledSeq],
+        has_lora: bool,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        ordered = decodes + prefills
         meta = AttentionMetadata(
             slot_mapping=slots,
             num_decodes=len(decodes),
@@ -114,10 +154,10 @@ class ModelRunner:
             start += item.num_new_tokens
 
         if has_lora:
-            hidden = self._forward_lora(ordered, len(decodes), input_ids, positions, meta)
-        else:
-            hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
+            return self._forward_lora(ordered, len(decodes), input_ids, positions, meta)
+        return self.model(input_ids, positions, self.kv_caches, meta)
 
+    def _logits(self, ordered: list[ScheduledSeq], hidden: torch.Tensor) -> ForwardOutput:
         sample_rows: list[int] = []
         sampling_seqs: list[Sequence] = []
         prompt_logits: list[PromptLogits] = []

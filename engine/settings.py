@@ -62,6 +62,16 @@ class EngineSettings(BaseModel):
     decode_attention: Literal["auto", "matmul", "sdpa"] = Field(
         default="auto", description="decode attention backend; auto times both at start-up (CPU)"
     )
+    enforce_eager: bool = Field(
+        default=True,
+        description="run every step eager; off: decode-only steps run a torch.compile'd forward "
+        "(compiled at start, one graph)",
+    )
+    compile_cache_dir: str | None = Field(
+        default=None,
+        description="where torch.compile caches its artefacts for fast restarts (default: "
+        "inductor's, under the temporary directory)",
+    )
     max_queue_len: int = Field(
         default=4096, ge=1, description="requests in flight at most (more are refused with 503)"
     )
@@ -112,6 +122,8 @@ class EngineSettings(BaseModel):
             aging_steps=self.aging_steps,
             enable_prefix_caching=self.enable_prefix_caching,
             decode_attention=self.decode_attention,
+            enforce_eager=self.enforce_eager,
+            compile_cache_dir=self.compile_cache_dir,
             max_queue_len=self.max_queue_len,
             enable_lora=self.enable_lora,
             lora_pool_memory_bytes=int(self.lora_pool_memory_gb * (1 << 30)),

@@ -16,6 +16,7 @@ from torch import nn
 from engine.attention import AttentionMetadata, paged_attention
 from engine.models.hf_config import ModelConfig
 from engine.models.rope import RotaryEmbedding, apply_rotary
+from engine.paged_decode import DecodeMetadata
 
 # Where LoRA wrappers go (lora/layers.py): each fused projection's attribute path inside a
 # DecoderLayer -> the PEFT modules fused into it, in output order.
@@ -60,7 +61,7 @@ class Attention(nn.Module):
         hidden: torch.Tensor,  # [num_tokens, hidden]
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | DecodeMetadata,
     ) -> torch.Tensor:
         c = self.config
         num_tokens = hidden.shape[0]
@@ -105,7 +106,7 @@ class DecoderLayer(nn.Module):
         hidden: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | DecodeMetadata,
     ) -> torch.Tensor:
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos_sin, kv_cache, meta)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
@@ -128,7 +129,7 @@ class LlamaForCausalLM(nn.Module):
         input_ids: torch.Tensor,  # [num_tokens]
         positions: torch.Tensor,  # [num_tokens]
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | DecodeMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden] after the final norm
         hidden = self.embed_tokens(input_ids)
         cos_sin = self.rotary.lookup(positions, hidden.dtype)
