@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import signal
 import statistics
@@ -186,9 +187,9 @@ def summarize(timings: Sequence[Timing]) -> dict[str, float]:
     itl = sorted(t.itl_ms for t in timings)
     return {
         "ttft_ms_median": statistics.median(ttft),
-        "ttft_ms_p90": ttft[int(0.9 * (len(ttft) - 1))],
+        "ttft_ms_p90": ttft[math.ceil(0.9 * len(ttft)) - 1],
         "itl_ms_median": statistics.median(itl),
-        "itl_ms_p90": itl[int(0.9 * (len(itl) - 1))],
+        "itl_ms_p90": itl[math.ceil(0.9 * len(itl)) - 1],
         "num_requests": len(timings),
         "mean_tokens_per_chunk": statistics.mean(t.num_tokens / t.num_chunks for t in timings),
     }
