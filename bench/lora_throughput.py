@@ -162,7 +162,12 @@ def run_loragate(
         "threads": engine.num_threads,
     }
     if before is not None and (after := engine.stats().lora) is not None:
-        extra |= {k: v - getattr(before, k) for k, v in asdict(after).items()}
+        # Counters as this cell's deltas; the adapter-name tuples (for the GIE metric) are not.
+        extra |= {
+            k: v - getattr(before, k)
+            for k, v in asdict(after).items()
+            if isinstance(v, int | float)
+        }
     cell = Cell(name, "loragate", setting, len(requests), len(requests), tokens, wall, cpu, extra)
     print(
         f"  {name} ({setting}): {cell.tokens_per_s:.1f} tok/s wall, "
