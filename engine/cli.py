@@ -142,9 +142,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                 flag, action=argparse.BooleanOptionalAction, default=field.default,
                 help=field.description,
             )  # fmt: skip
-            parser.add_argument(
-                _ALIASES[name], dest=name, action="store_false", help=f"same as --no-{flag[2:]}"
-            )
+            if name in _ALIASES:
+                parser.add_argument(
+                    _ALIASES[name], dest=name, action="store_false", help=f"same as --no-{flag[2:]}"
+                )
         elif isinstance(kind, tuple):  # a Literal: its values are the choices
             parser.add_argument(flag, choices=kind, default=field.default, help=field.description)
         else:

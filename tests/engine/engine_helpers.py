@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -92,3 +92,20 @@ def capture_first_logits(engine: LLMEngine) -> dict[str, torch.Tensor]:
 def random_prompts(seed: int, lengths: Iterable[int], vocab: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def count_compiled_steps(engine: LLMEngine) -> Callable[[], int]:
+    """Count the forward passes the compiled decode path runs (wraps it; 0 when eager)."""
+    compiled = engine.runner.compiled
+    count = 0
+    if compiled is None:
+        return lambda: count
+    forward = compiled.forward
+
+    def counting(*args: torch.Tensor) -> torch.Tensor:
+        nonlocal count
+        count += 1
+        return forward(*args)
+
+    compiled.forward = counting  # type: ignore[method-assign]
+    return lambda: count

@@ -15,6 +15,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from tests.engine.engine_helpers import (
     capture_first_logits,
+    count_compiled_steps,
     random_prompts,
     request,
     run_to_completion,
@@ -53,16 +54,23 @@ def transformers_reference(model_dir, key, prompts):  # type: ignore[no-untyped-
 
 
 @pytest.mark.parametrize(
-    "family, tie, budget",
+    "family, tie, budget, enforce_eager",
     [
-        ("llama", False, 2048),
-        ("llama", False, 64),
-        ("qwen2", False, 64),
-        ("qwen3", False, 64),
-        ("llama", True, 64),
+        ("llama", False, 2048, True),
+        ("llama", False, 64, True),
+        ("qwen2", False, 64, True),
+        ("qwen3", False, 64, True),
+        ("llama", True, 64, True),
+        # The compiled decode path (engine/compile_decode.py): decode-only steps compiled,
+        # steps with a prefill chunk eager, one KV cache shared by both.
+        ("llama", False, 2048, False),
+        ("qwen2", False, 64, False),
+        ("qwen3", False, 64, False),
     ],
 )
-def test_greedy_parity_with_transformers(model_factory, family, tie, budget):
+def test_greedy_parity_with_transformers(
+    model_factory, tmp_path_factory, family, tie, budget, enforce_eager
+):
     assert len(LENGTHS) == NUM_PROMPTS
     model_dir = model_factory(family=family, tie=tie)
     engine = LLMEngine(
@@ -72,8 +80,11 @@ def test_greedy_parity_with_transformers(model_factory, family, tie, budget):
             num_kv_blocks=1024,
             max_num_seqs=NUM_PROMPTS,
             max_num_batched_tokens=budget,
+            enforce_eager=enforce_eager,
+            compile_cache_dir=str(tmp_path_factory.getbasetemp() / "inductor"),
         )
     )
+    num_compiled = count_compiled_steps(engine)
     prompts = random_prompts(seed=1234, lengths=LENGTHS, vocab=engine.vocab_size)
     first_logits = capture_first_logits(engine)
     for i, prompt in enumerate(prompts):
@@ -86,3 +97,4 @@ def test_greedy_parity_with_transformers(model_factory, family, tie, budget):
         diff = (first_logits[f"p{i}"] - ref_logits[i]).abs().max().item()
         assert diff < 1e-4, f"prompt {i}: first-step logits differ by {diff}"
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert (num_compiled() > 0) == (not enforce_eager)

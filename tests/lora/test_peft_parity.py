@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from engine.compile_decode import CompiledDecode
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.metrics import EngineMetrics
@@ -128,7 +129,7 @@ def _run_engine(
     adapters: dict[str, Path],
     prompts: list[list[int]],
     device: str = "cpu",
-    **lora: int,
+    **lora: int | bool | str,
 ) -> tuple[LLMEngine, dict[str, list[int]], dict[str, torch.Tensor], int]:
     engine = LLMEngine(
         EngineConfig(
@@ -194,13 +195,33 @@ def test_adapters_change_the_output(reference: Reference) -> None:
     assert len(changed) >= 6, changed
 
 
-def test_mixed_adapters_match_peft(tiny_model_dir, adapters, prompts, reference):
+@pytest.mark.parametrize("enforce_eager", [True, False], ids=["eager", "compiled"])
+def test_mixed_adapters_match_peft(
+    tiny_model_dir, tmp_path, monkeypatch, adapters, prompts, reference, enforce_eager
+):
+    """Compiled: decode steps with no adapter row run the compiled forward (engine/
+    compile_decode.py), steps with one run eager, on one KV cache."""
+    compiled_rows: list[int] = []
+    forward = CompiledDecode.forward
+
+    def counting(self, input_ids, *rest):  # type: ignore[no-untyped-def]
+        compiled_rows.append(input_ids.shape[0])
+        return forward(self, input_ids, *rest)
+
+    monkeypatch.setattr(CompiledDecode, "forward", counting)
     engine, tokens, first_logits, max_distinct = _run_engine(
-        tiny_model_dir, adapters, prompts, max_loras=8, max_cpu_loras=8
+        tiny_model_dir,
+        adapters,
+        prompts,
+        max_loras=8,
+        max_cpu_loras=8,
+        enforce_eager=enforce_eager,
+        compile_cache_dir=str(tmp_path),
     )
     _check_parity(tokens, first_logits, reference)
     assert max_distinct == len(SPECS)  # all eight adapters really shared batches
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert bool(compiled_rows) == (not enforce_eager)
 
 
 def test_two_slots_three_cpu_same_tokens_and_swaps(tiny_model_dir, adapters, prompts, reference):
