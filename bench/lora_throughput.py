@@ -158,7 +158,6 @@ def run_loragate(
             max_loras=num_slots,
             max_num_seqs=max_num_seqs,
         ),
-        "num_slots": num_slots,
         "threads": engine.num_threads,
     }
     if before is not None and (after := engine.stats().lora) is not None:
@@ -168,6 +167,7 @@ def run_loragate(
             for k, v in asdict(after).items()
             if isinstance(v, int | float)
         }
+    extra["num_slots"] = num_slots  # a gauge: the pool's size, not a delta (LoRAStats has it too)
     cell = Cell(name, "loragate", setting, len(requests), len(requests), tokens, wall, cpu, extra)
     print(
         f"  {name} ({setting}): {cell.tokens_per_s:.1f} tok/s wall, "
