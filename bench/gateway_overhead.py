@@ -67,6 +67,55 @@ async def bootstrap(env: dict[str, str]) -> str:
     return created.key
 
 
+def gateway_env(
+    procs: Processes,
+    name: str,
+    model: Path,
+    engine_urls: list[str],
+    redis_url: str,
+    engine_kind: str | None = None,
+) -> dict[str, str]:
+    """A gateway process's environment: HTTP engine mode over `engine_urls`, Redis quotas under
+    a key prefix of its own, a fresh SQLite database migrated at start."""
+    env = {
+        **os.environ,
+        "LORAGATE_MODEL": str(model),
+        "LORAGATE_SERVED_MODEL_NAME": "tiny",
+        "LORAGATE_DATABASE_URL": f"sqlite+aiosqlite:///{procs.workdir / name}.db",
+        "LORAGATE_KEY_PEPPER": secrets.token_urlsafe(32),
+        "LORAGATE_SALT_SECRET": secrets.token_urlsafe(32),
+        "LORAGATE_AUTO_MIGRATE": "true",
+        "LORAGATE_ENGINE_MODE": "http",
+        "LORAGATE_ENGINE_URLS": json.dumps(engine_urls),
+        "LORAGATE_QUOTA_STORE": "redis",
+        "LORAGATE_REDIS_URL": redis_url,
+        "LORAGATE_REDIS_KEY_PREFIX": f"lgbench:{uuid.uuid4().hex[:8]}:",
+    }
+    if engine_kind is not None:
+        env["LORAGATE_ENGINE_KIND"] = engine_kind
+    return env
+
+
+def bench_key(url: str, admin: str) -> str:
+    """An inference key of a new tenant whose limits are checked on every request and never
+    bind in a benchmark run."""
+    auth = {"authorization": f"Bearer {admin}"}
+    tenant = httpx.post(url + "/admin/v1/tenants", json={"name": "bench"}, headers=auth).json()
+    limits = {
+        "requests_per_minute": 10**9,
+        "tokens_per_minute": 10**12,
+        "max_concurrent": 10**6,
+        "daily_token_budget": 10**15,
+        "monthly_token_budget": 10**16,
+    }
+    httpx.put(url + f"/admin/v1/tenants/{tenant['id']}/quotas", json=limits, headers=auth)
+    return str(
+        httpx.post(
+            url + f"/admin/v1/tenants/{tenant['id']}/keys", json={"name": "bench"}, headers=auth
+        ).json()["key"]
+    )
+
+
 def start_gateway(
     procs: Processes,
     name: str,
@@ -80,20 +129,7 @@ def start_gateway(
         the gateway code of that checkout instead of this one (PYTHONPATH comes before the editable
         install), e.g. the commit before a change, for a same-run comparison. `migrations`: alembic
     keeps its context in module globals, so two upgrades in one process must not overlap."""
-    env = {
-        **os.environ,
-        "LORAGATE_MODEL": str(model),
-        "LORAGATE_SERVED_MODEL_NAME": "tiny",
-        "LORAGATE_DATABASE_URL": f"sqlite+aiosqlite:///{procs.workdir / name}.db",
-        "LORAGATE_KEY_PEPPER": secrets.token_urlsafe(32),
-        "LORAGATE_SALT_SECRET": secrets.token_urlsafe(32),
-        "LORAGATE_AUTO_MIGRATE": "true",
-        "LORAGATE_ENGINE_MODE": "http",
-        "LORAGATE_ENGINE_URLS": json.dumps([engine_url]),
-        "LORAGATE_QUOTA_STORE": "redis",
-        "LORAGATE_REDIS_URL": redis_url,
-        "LORAGATE_REDIS_KEY_PREFIX": f"lgbench:{uuid.uuid4().hex[:8]}:",
-    }
+    env = gateway_env(procs, name, model, [engine_url], redis_url)
     with migrations:
         admin = asyncio.run(bootstrap(env))
     port = free_port()
@@ -115,21 +151,7 @@ def start_gateway(
     )
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/ready")
-    auth = {"authorization": f"Bearer {admin}"}
-    tenant = httpx.post(url + "/admin/v1/tenants", json={"name": "bench"}, headers=auth).json()
-    # Limits that every request is checked against (and that never bind in this run).
-    limits = {
-        "requests_per_minute": 10**9,
-        "tokens_per_minute": 10**12,
-        "max_concurrent": 10**6,
-        "daily_token_budget": 10**15,
-        "monthly_token_budget": 10**16,
-    }
-    httpx.put(url + f"/admin/v1/tenants/{tenant['id']}/quotas", json=limits, headers=auth)
-    key = httpx.post(
-        url + f"/admin/v1/tenants/{tenant['id']}/keys", json={"name": "bench"}, headers=auth
-    ).json()["key"]
-    return url, key
+    return url, bench_key(url, admin)
 
 
 # ---- wrk ----------------------------------------------------------------------------------------

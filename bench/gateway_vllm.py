@@ -14,12 +14,10 @@ import argparse
 import asyncio
 import json
 import os
-import secrets
 import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from gateway_overhead import bootstrap
+from gateway_overhead import bench_key, bootstrap, gateway_env
 from gateway_processes import Processes, free_port, start_redis, wait_http
 from vllm_servers import SERVE_ARGS, start_vllm
 
@@ -40,36 +38,14 @@ PROMPTS = [f"Request {i}: tell me a story about the number {i}." for i in range(
 def start_gateway(
     procs: Processes, name: str, model: Path, kind: str, urls: list[str], redis_url: str
 ) -> tuple[str, str]:
-    env = {
-        **os.environ,
-        "LORAGATE_MODEL": str(model),
-        "LORAGATE_SERVED_MODEL_NAME": "tiny",
-        "LORAGATE_DATABASE_URL": f"sqlite+aiosqlite:///{procs.workdir / name}.db",
-        "LORAGATE_KEY_PEPPER": secrets.token_urlsafe(32),
-        "LORAGATE_SALT_SECRET": secrets.token_urlsafe(32),
-        "LORAGATE_AUTO_MIGRATE": "true",
-        "LORAGATE_ENGINE_MODE": "http",
-        "LORAGATE_ENGINE_KIND": kind,
-        "LORAGATE_ENGINE_URLS": json.dumps(urls),
-        "LORAGATE_QUOTA_STORE": "redis",
-        "LORAGATE_REDIS_URL": redis_url,
-        "LORAGATE_REDIS_KEY_PREFIX": f"lgbench:{uuid.uuid4().hex[:8]}:",
-    }
+    env = gateway_env(procs, name, model, urls, redis_url, engine_kind=kind)
     admin = asyncio.run(bootstrap(env))
     port = free_port()
     procs.start(name, [str(BIN / "loragate"), "serve", "--port", str(port),
                        "--log-level", "warning"], env=env)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/ready")
-    auth = {"authorization": f"Bearer {admin}"}
-    tenant = httpx.post(url + "/admin/v1/tenants", json={"name": "bench"}, headers=auth).json()
-    limits = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12, "max_concurrent": 10**6,
-              "daily_token_budget": 10**15, "monthly_token_budget": 10**16}  # fmt: skip
-    httpx.put(url + f"/admin/v1/tenants/{tenant['id']}/quotas", json=limits, headers=auth)
-    key = httpx.post(
-        url + f"/admin/v1/tenants/{tenant['id']}/keys", json={"name": "bench"}, headers=auth
-    ).json()["key"]
-    return url, key
+    return url, bench_key(url, admin)
 
 
 def cpu_seconds(pids: list[int]) -> float:
