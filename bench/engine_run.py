@@ -28,6 +28,7 @@ class EngineSettings:
     max_num_batched_tokens: int
     num_kv_blocks: int
     block_size: int = 16
+    prepack_weights: bool = True  # the engine's default (engine/packed_linear.py)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ def build_engine(model_dir: Path, dtype: str, settings: EngineSettings) -> LLMEn
             num_kv_blocks=settings.num_kv_blocks,
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
+            prepack_weights=settings.prepack_weights,
             # The bench's --threads (already set): the engine's default would be every core.
             threads=torch.get_num_threads(),
         )

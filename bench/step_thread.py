@@ -1,6 +1,7 @@
 """Does stepping the engine from a worker thread cost time? One request, 64 greedy decode steps.
 
     python bench/step_thread.py --model .cache/models/small --threads 2
+    python bench/step_thread.py --no-prepack   # plain F.linear weights (engine/packed_linear.py)
 
 The HTTP engine and the gateway's in-process engine step `LLMEngine` on a thread of their own
 (engine/async_engine.py), while bench/engine_throughput.py steps it on the main thread. This
@@ -71,15 +72,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--no-prepack", action="store_true", help="plain F.linear weights, not oneDNN-packed"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model_dir = ensure_model(args.model, FULL.model_size)
     settings = engine_run.EngineSettings(
-        max_num_seqs=64, max_num_batched_tokens=2048, num_kv_blocks=512
+        max_num_seqs=64,
+        max_num_batched_tokens=2048,
+        num_kv_blocks=512,
+        prepack_weights=not args.no_prepack,
     )
     engine = engine_run.build_engine(model_dir, args.dtype, settings)
     engine_run.warm_up(engine, [request(10_000)])
-    print(f"{args.dtype}, {torch.get_num_threads()} threads, median decode step (ms):")
+    packed = "packed" if engine.packed_linears else "plain"
+    print(f"{args.dtype}, {torch.get_num_threads()} threads, {packed} weights, median decode (ms):")
     print("round  main thread  worker (join)  worker (asyncio main)")
     index = 0
     for round_ in range(args.rounds):

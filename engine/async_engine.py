@@ -3,6 +3,11 @@
 Threads and ownership:
 - The loop thread is the only thread that touches the LLMEngine. It drains a thread-safe
   command queue between steps, steps while there is work and idles on the queue otherwise.
+- By default the AsyncEngine starts that thread; `loragate engine` runs the loop on the
+  process's main thread instead (`start_thread=False`, then `run_loop()`) and serves HTTP from
+  a thread of its own: on the 2-core bench box the same decode step took 19-21 ms on the main
+  thread and 25-28 ms on any other (bench/step_thread.py; torch's OpenMP work runs slower when
+  a non-main thread drives it).
 - Each request's outputs travel to its `RequestStream` (an asyncio.Queue on the caller's event
   loop) through `loop.call_soon_threadsafe`.
 - `_streams` (request id -> stream) is shared by both sides under `_lock`; so are the state
@@ -41,10 +46,11 @@ T = TypeVar("T")
 class AsyncEngine:
     """Runs an LLMEngine on its own thread and serves requests to coroutines.
 
-    The thread starts in the constructor; `shutdown` drains and stops it.
+    The thread starts in the constructor (or, with `start_thread=False`, the caller runs
+    `run_loop()` on a thread it chooses); `shutdown` drains and stops the loop.
     """
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, *, start_thread: bool = True) -> None:
         self._engine = engine
         self.config: EngineConfig = engine.config
         self.vocab_size: int = engine.vocab_size
@@ -62,14 +68,15 @@ class AsyncEngine:
         self._admitted: set[RequestId] = set()
         self._idle_waiters: list[Reply] = []
         self._stats = engine.stats()  # replaced (never mutated) by the loop thread
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-        self._thread.start()
+        self._loop_ended = threading.Event()  # set when the loop returns, whatever the reason
+        if start_thread:
+            threading.Thread(target=self.run_loop, name="engine-loop", daemon=True).start()
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> AsyncEngine:
+    def from_config(cls, config: EngineConfig, *, start_thread: bool = True) -> AsyncEngine:
         from engine.llm_engine import LLMEngine
 
-        return cls(LLMEngine(config))
+        return cls(LLMEngine(config), start_thread=start_thread)
 
     # ---- state --------------------------------------------------------------------------
 
@@ -78,7 +85,7 @@ class AsyncEngine:
         """The loop thread runs and accepts requests (False once dead, draining or stopped)."""
         with self._lock:
             accepting = not (self._dead or self._draining or self._stopped)
-        return accepting and self._thread.is_alive()
+        return accepting and not self._loop_ended.is_set()
 
     @property
     def is_dead(self) -> bool:
@@ -212,7 +219,7 @@ class AsyncEngine:
             stop = self._reply()
             if self._submit(Stop(stop)):
                 await stop.future
-        await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self._loop_ended.wait)
 
     # ---- stream bookkeeping -------------------------------------------------------------
 
@@ -233,6 +240,14 @@ class AsyncEngine:
             self._queue_abort(stream.request_id)
 
     # ---- the loop thread ----------------------------------------------------------------
+
+    def run_loop(self) -> None:
+        """The loop (blocks until `shutdown` stops it or it dies); called once, by the
+        constructor's thread or, with `start_thread=False`, by the caller."""
+        try:
+            self._run()
+        finally:
+            self._loop_ended.set()
 
     def _run(self) -> None:
         engine = self._engine

@@ -43,6 +43,9 @@ class EngineConfig:
     # unless enforce_eager; inductor caches its artefacts in compile_cache_dir (None: its default
     # under the system's temporary directory), so a restart loads instead of compiling.
     enforce_eager: bool = True
+    # bf16 on a CPU: linear weights reordered once into oneDNN's packed layout at load
+    # (engine/packed_linear.py); off: plain F.linear, the reference.
+    prepack_weights: bool = True
     compile_cache_dir: str | None = None
     max_queue_len: int = 4096
     # The loop waits this long for more requests before stepping an empty batch (seconds).

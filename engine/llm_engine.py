@@ -27,6 +27,7 @@ from engine.outputs import (
     RequestOutput,
     RequestTimes,
 )
+from engine.packed_linear import can_pack, pack_linears
 from engine.request import EngineRequest, RequestId
 from engine.sampler import Sampler, SamplingRow
 from engine.scheduler import Scheduler, adapter_of
@@ -80,6 +81,12 @@ class LLMEngine:
         )
         self.lora: LoRAManager | None = (
             build_lora_manager(model, config, mc, self.device) if config.enable_lora else None
+        )
+        # After the LoRA wrappers: they hold the base layers, which get packed in place.
+        self.packed_linears = (
+            pack_linears(model)
+            if config.prepack_weights and config.enforce_eager and can_pack(self.dtype, self.device)
+            else 0
         )
         self.scheduler = Scheduler(
             config, self.block_manager, None if self.lora is None else self.lora.cache

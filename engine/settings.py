@@ -67,6 +67,11 @@ class EngineSettings(BaseModel):
         description="run every step eager; off: decode-only steps run a torch.compile'd forward "
         "(compiled at start, one graph)",
     )
+    prepack_weights: bool = Field(
+        default=True,
+        description="bfloat16 on a CPU: pack linear weights into oneDNN's layout at load "
+        "(faster matmuls); off: plain F.linear",
+    )
     compile_cache_dir: str | None = Field(
         default=None,
         description="where torch.compile caches its artefacts for fast restarts (default: "
@@ -123,6 +128,7 @@ class EngineSettings(BaseModel):
             enable_prefix_caching=self.enable_prefix_caching,
             decode_attention=self.decode_attention,
             enforce_eager=self.enforce_eager,
+            prepack_weights=self.prepack_weights,
             compile_cache_dir=self.compile_cache_dir,
             max_queue_len=self.max_queue_len,
             enable_lora=self.enable_lora,

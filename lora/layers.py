@@ -32,7 +32,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels.ops import lora_add
@@ -92,8 +91,8 @@ class LoRALinear(nn.Module):
         self.targets = [False] * max_loras
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, in_features]
-        # F.linear, not self.base(x): one module dispatch fewer on every projection.
-        out = F.linear(x, self.base.weight, self.base.bias)  # [num_tokens, out_features]
+        # The base may be an nn.Linear or its packed form (engine/packed_linear.py).
+        out = self.base(x)  # [num_tokens, out_features]
         batch = self.context.batch
         if batch is None:
             return out

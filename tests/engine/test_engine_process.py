@@ -1,0 +1,122 @@
+"""`loragate engine` as a real process: the engine loop on the main thread, HTTP beside it
+(engine/loop_on_main.py), and what that layout must keep: streams served, SIGTERM draining the
+running request before the process ends as a SIGTERMed process does, a taken port failing at
+start with uvicorn's status, and the loop running on whichever thread the caller chose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from services import free_port
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.server import STARTUP_FAILURE
+
+BIN = Path(sys.executable).parent
+GENERATE = "/inference/v1/generate"
+
+
+def _start(model_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [str(BIN / "loragate"), "engine", "--model", str(model_dir), "--port", str(port),
+             "--num-kv-blocks", "128", "--max-num-seqs", "4"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the engine did not become healthy:\n" + log.read_text()[-3000:])
+
+
+def test_sigterm_mid_stream_drains_then_ends_as_sigtermed(tiny_model_dir: Path, tmp_path: Path):
+    port = free_port()
+    log = tmp_path / "engine.log"
+    proc = _start(tiny_model_dir, port, log)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url, proc, log)
+        body = {
+            "token_ids": [1, 2, 3, 4, 5],
+            "sampling_params": {"temperature": 0, "max_tokens": 300, "ignore_eos": True},
+            "stream": True,
+        }
+        tokens: list[int] = []
+        finish = None
+        with httpx.stream("POST", url + GENERATE, json=body, timeout=60) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                for choice in json.loads(line[6:])["choices"]:
+                    tokens += choice["token_ids"]
+                    finish = choice.get("finish_reason") or finish
+                if len(tokens) == 5:
+                    proc.send_signal(signal.SIGTERM)  # mid-stream: the drain lets it finish
+        assert len(tokens) == 300 and finish == "length"
+        assert proc.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in log.read_text()
+
+
+def test_a_taken_port_fails_at_start_with_uvicorns_status(tiny_model_dir: Path, tmp_path: Path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _start(tiny_model_dir, port, tmp_path / "engine.log")
+        try:
+            assert proc.wait(timeout=120) == STARTUP_FAILURE
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert "address already in use" in (tmp_path / "engine.log").read_text().lower()
+
+
+@pytest.mark.parametrize("start_thread", [True, False])
+def test_the_loop_runs_on_the_thread_chosen(tiny_model_dir: Path, start_thread: bool):
+    llm = LLMEngine(EngineConfig(model=str(tiny_model_dir), num_kv_blocks=64, max_num_seqs=2))
+    engine = AsyncEngine(llm, start_thread=start_thread)
+    mine = None
+    if not start_thread:
+        mine = threading.Thread(target=engine.run_loop, name="chosen")
+        mine.start()
+
+    async def ask() -> str:
+        name = await engine.run_in_loop(lambda _: threading.current_thread().name)
+        assert engine.is_healthy
+        await engine.shutdown(drain_timeout_s=0)
+        assert not engine.is_healthy  # the loop has ended
+        return name
+
+    name = asyncio.run(ask())
+    assert name == ("engine-loop" if start_thread else "chosen")
+    if mine is not None:
+        mine.join(timeout=10)
+        assert not mine.is_alive()

@@ -1,0 +1,112 @@
+"""Pre-packed bf16 linears (engine/packed_linear.py) against plain F.linear, the reference.
+
+The layer alone: same values over decode-sized and prefill-sized inputs. The engine: every
+projection (the LoRA wrappers' base layers too) packed, the plain weights gone, and the same
+greedy tokens as an engine with `prepack_weights=False`, base model and adapters mixed in one
+batch. Both paths accumulate in float32 through oneDNN and round once to bf16; on the AVX512-BF16
+bench box they agree bit for bit, which is what makes token equality a fair check in bf16.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.packed_linear import PackedLinear, can_pack, pack_linears
+from lora.layers import LoRALinear
+from tests.engine.engine_helpers import random_prompts, request, run_to_completion
+from tests.lora.peft_builders import AdapterSpec, make_peft_adapter
+
+CPU = torch.device("cpu")
+
+if not can_pack(torch.bfloat16, CPU):
+    pytest.skip(
+        "this CPU has no oneDNN bf16 support (AVX512-BF16 or AMX); nothing gets packed here",
+        allow_module_level=True,
+    )
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_equals_f_linear(rows: int, bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    linear = nn.Linear(96, 160, bias=bias).to(torch.bfloat16)
+    x = torch.randn(rows, 2 * 96, generator=gen).to(torch.bfloat16)[:, ::2]  # not contiguous
+    expected = F.linear(x, linear.weight, linear.bias)
+    packed = PackedLinear(linear)
+    torch.testing.assert_close(packed(x), expected, rtol=1.6e-2, atol=1e-2)
+    assert list(packed.parameters()) == []  # the plain weight is not kept beside the packed one
+
+
+def test_fp32_and_cuda_are_not_packed() -> None:
+    assert not can_pack(torch.float32, CPU)
+    assert not can_pack(torch.bfloat16, torch.device("cuda"))
+
+
+def _engine(model_dir: Path, *, prepack: bool, dtype: str = "bfloat16") -> LLMEngine:
+    return LLMEngine(
+        EngineConfig(
+            model=str(model_dir),
+            dtype=dtype,
+            num_kv_blocks=256,
+            max_num_seqs=16,
+            max_num_batched_tokens=128,
+            prepack_weights=prepack,
+        )
+    )
+
+
+def test_engine_packs_every_projection_and_keeps_the_tokens(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    specs = [AdapterSpec("a", r=8, alpha=16, seed=1), AdapterSpec("b", r=16, alpha=8, seed=2)]
+    adapters = {s.name: make_peft_adapter(tiny_model_dir, tmp_path / s.name, s) for s in specs}
+    # Each prompt twice: once on the base model, once with an adapter.
+    distinct = random_prompts(seed=3, lengths=[5, 17, 40, 63], vocab=2600)
+    prompts = [p for p in distinct for _ in (0, 1)]
+    names = [None, "a", None, "b", None, "a", None, "b"]
+    tokens = {}
+    for prepack in (False, True):
+        engine = _engine(tiny_model_dir, prepack=prepack)
+        model = engine.runner.model
+        num_layers = engine.model_config.num_layers
+        if prepack:
+            assert engine.packed_linears == 4 * num_layers + 1  # 4 projections + lm_head
+            assert not any(type(m) is nn.Linear for m in model.modules())
+            wrapped = [m for m in model.modules() if isinstance(m, LoRALinear)]
+            assert wrapped and all(isinstance(m.base, PackedLinear) for m in wrapped)
+        else:
+            assert engine.packed_linears == 0
+        assert engine.lora is not None
+        for name, path in adapters.items():
+            engine.lora.add(name, str(path))
+        for i, (prompt, name) in enumerate(zip(prompts, names, strict=True)):
+            base = request(f"r{i}", prompt, max_tokens=12)
+            engine.add_request(dataclasses.replace(base, adapter_name=name))
+        collected = run_to_completion(engine)
+        tokens[prepack] = [collected.tokens_of(f"r{i}") for i in range(len(prompts))]
+    assert all(len(t) == 12 for t in tokens[True])
+    assert tokens[True] == tokens[False]
+    # The adapters changed tokens, so the comparison covers the LoRA path too.
+    pairs = zip(tokens[True][0::2], tokens[True][1::2], strict=True)
+    assert sum(base != adapted for base, adapted in pairs) >= 2
+
+
+def test_float32_engine_stays_on_plain_linears(tiny_model_dir: Path) -> None:
+    engine = _engine(tiny_model_dir, prepack=True, dtype="float32")
+    assert engine.packed_linears == 0
+    assert any(type(m) is nn.Linear for m in engine.runner.model.modules())
+
+
+def test_pack_linears_counts_what_it_replaced() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4)))
+    model = model.to(torch.bfloat16)
+    assert pack_linears(model) == 2
+    assert pack_linears(model) == 0  # nothing plain left
