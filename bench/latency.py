@@ -6,7 +6,11 @@
 Both servers run at once on the same cores (`--threads`, default every core) and answer the same
 `POST /inference/v1/generate` body: a 128-token prompt (token ids, each request its own, so no
 prefix-cache hit), 64 output tokens, greedy, `ignore_eos`, streamed. Requests alternate between
-the two servers, one in flight at a time. Time to first token is the client's, to the first SSE
+the two servers, one in flight at a time, with a pause before each (`--pause-s`, default 1.5 s):
+vLLM's CPU engine keeps both cores busy for about a second after its last request finishes,
+and on two shared cores that held the next loragate request's first token back by the same
+second (TTFT 1,040 ms with no pause, 824 ms after 0.25 s, 584 ms after 0.5 s, 89 ms after 1 s;
+2026-11-24). Low load means idle between requests; the pause gives both systems that. Time to first token is the client's, to the first SSE
 chunk holding a token; inter-token latency is a request's (last token - first token) time over
 its remaining tokens (vLLM may put several tokens in one chunk), and the median over requests
 is reported. The floor beside them: the bytes of weights a decode step reads (every linear
@@ -215,6 +219,7 @@ def measure(
                     one(client, server.url, r)
             for i, request in enumerate(requests):
                 for server in servers if i % 2 == 0 else servers[::-1]:
+                    time.sleep(args.pause_s)
                     timings[server.name.split("-")[0]].append(one(client, server.url, request))
     finally:
         for server in servers:
@@ -234,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=[*DTYPES, "both"], default="bfloat16")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--requests", type=int, default=None, help="timed requests per system")
+    parser.add_argument(
+        "--pause-s", type=float, default=1.5, help="idle time before each request (see above)"
+    )
     args = parser.parse_args(argv)
     cores = vllm_offline.share_cores(args.threads)
     started = datetime.datetime.now().astimezone()
@@ -303,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                 "vllm_serve": "--max-model-len 2048 --tokens-only (compiled), "
                 "VLLM_CPU_KVCACHE_SPACE=1, OMP threads bound to the cores, tcmalloc + iomp",
                 "loragate_engine": "defaults",
+                "pause_s": args.pause_s,
             },
         }
         write_record(args.json, record, args, model_dir=model, started=started,
