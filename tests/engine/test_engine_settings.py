@@ -89,3 +89,11 @@ def test_a_bad_engine_option_is_refused_where_it_is_read_naming_it(
     assert "max_cpu_loras" in str(caught.value)
     with pytest.raises(ValueError, match="block_size"):
         _engine_config(_engine_parser().parse_args(["--model", "m", "--block-size", "3"]))
+
+
+def test_engine_help_lists_every_option() -> None:
+    """`loragate engine --help` renders (a help string with a stray % or a bad default breaks
+    it) and names every option the settings define."""
+    text = _engine_parser().format_help()
+    for name in VALUES:
+        assert "--" + name.replace("_", "-") in text
