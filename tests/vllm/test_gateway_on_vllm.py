@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -44,6 +45,20 @@ def rows_when_written(workdir: Path, tenant_id: str, count: int) -> list:
     while len(rows := usage_rows(workdir, tenant_id)) < count and time.monotonic() < deadline:
         time.sleep(0.05)
     return rows
+
+
+def rows_for_requests(workdir: Path, tenant_id: str, request_ids: set[str]) -> dict[str, Any]:
+    """The tenant's usage rows of these requests by request id, once all are written (or 10 s)."""
+    deadline = time.monotonic() + 10
+    while True:
+        rows = {
+            row["request_id"]: row
+            for row in usage_rows(workdir, tenant_id)
+            if row["request_id"] in request_ids
+        }
+        if len(rows) == len(request_ids) or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
 
 
 def aborts(servers: list[VllmServer]) -> int:
@@ -205,21 +220,22 @@ def test_cached_tokens_are_reported_and_recorded(vllm_gateway: Live, tenant: Ten
     gateway, workdir = vllm_gateway
     client = sdk(gateway, tenant.key)
     prompt = "The same long preamble, again and again. " * 40  # > 2 vLLM blocks (128 tokens)
-    before = len(usage_rows(workdir, tenant.tenant_id))
     first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
     second = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
     assert first.usage.prompt_tokens > 256
     assert second.usage.prompt_tokens_details.cached_tokens >= 256
-    rows = rows_when_written(workdir, tenant.tenant_id, before + 2)
-    assert len(rows) == before + 2
-    assert rows[-1]["cached_tokens"] == second.usage.prompt_tokens_details.cached_tokens
+    # By request id: the tenant is shared, and an earlier test's usage row may land meanwhile.
+    rows = rows_for_requests(workdir, tenant.tenant_id, {first.id, second.id})
+    assert set(rows) == {first.id, second.id}
+    assert rows[second.id]["cached_tokens"] == second.usage.prompt_tokens_details.cached_tokens
     # Streamed, the usage chunk carries them too (vLLM sends them in its last event).
     chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=2,
                                             temperature=0, stream=True,
                                             stream_options={"include_usage": True}))  # fmt: skip
     cached = chunks[-1].usage.prompt_tokens_details.cached_tokens
     assert cached >= 256
-    assert rows_when_written(workdir, tenant.tenant_id, before + 3)[-1]["cached_tokens"] == cached
+    streamed = rows_for_requests(workdir, tenant.tenant_id, {chunks[0].id})
+    assert streamed[chunks[0].id]["cached_tokens"] == cached
 
 
 def test_priorities_follow_vllm_order(
