@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -35,6 +36,11 @@ class EngineProcess:
 
 
 def start_engines(model_dir: Path, workdir: Path, count: int, *args: str) -> list[EngineProcess]:
+    """`count` engines on this machine's cores, which they share with the gateways and the test:
+    each gets an even share of torch threads (at least one), as a deployment of several engines
+    per machine would set `--threads`. At the default (every core each) their OpenMP teams
+    oversubscribe the cores and every step slows down."""
+    threads = max(1, (os.cpu_count() or 1) // count)
     engines = []
     for _ in range(count):
         port = free_port()
@@ -43,7 +49,7 @@ def start_engines(model_dir: Path, workdir: Path, count: int, *args: str) -> lis
             proc = subprocess.Popen(
                 [str(BIN / "loragate"), "engine", "--model", str(model_dir), "--port", str(port),
                  "--served-model-name", "tiny", "--num-kv-blocks", "512", "--max-num-seqs", "16",
-                 *args],
+                 "--threads", str(threads), *args],
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         engines.append(EngineProcess(f"http://127.0.0.1:{port}", proc, log_path))
