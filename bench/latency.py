@@ -10,8 +10,8 @@ the two servers, one in flight at a time, with a pause before each (`--pause-s`,
 vLLM's CPU engine keeps both cores busy for about a second after its last request finishes,
 and on two shared cores that held the next loragate request's first token back by the same
 second (TTFT 1,040 ms with no pause, 824 ms after 0.25 s, 584 ms after 0.5 s, 89 ms after 1 s;
-2026-11-24). Low load means idle between requests; the pause gives both systems that. Time to first token is the client's, to the first SSE
-chunk holding a token; inter-token latency is a request's (last token - first token) time over
+2026-11-24). Low load means idle between requests; the pause gives both systems that. Time to
+first token is the client's, to the first SSE chunk holding a token; inter-token latency is a request's (last token - first token) time over
 its remaining tokens (vLLM may put several tokens in one chunk), and the median over requests
 is reported. The floor beside them: the bytes of weights a decode step reads (every linear
 layer and the lm_head in the run dtype; one embedding row is negligible) over the memory

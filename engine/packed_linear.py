@@ -33,8 +33,6 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        self.dtype = linear.weight.dtype
-        self.device = linear.weight.device
         # No batch-size hint: one packing serves decode (a few rows) and prefill (thousands).
         packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.register_buffer("packed_weight", packed, persistent=False)

@@ -13,17 +13,16 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from services import free_port
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.server import STARTUP_FAILURE
+from tests.gateway.engine_processes import start_engines
 
 BIN = Path(sys.executable).parent
 GENERATE = "/inference/v1/generate"
@@ -32,32 +31,15 @@ GENERATE = "/inference/v1/generate"
 def _start(model_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [str(BIN / "loragate"), "engine", "--model", str(model_dir), "--port", str(port),
-             "--num-kv-blocks", "128", "--max-num-seqs", "4"],
+            [str(BIN / "loragate"), "engine", "--model", str(model_dir), "--port", str(port)],
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the engine did not become healthy:\n" + log.read_text()[-3000:])
-
-
 def test_sigterm_mid_stream_drains_then_ends_as_sigtermed(tiny_model_dir: Path, tmp_path: Path):
-    port = free_port()
-    log = tmp_path / "engine.log"
-    proc = _start(tiny_model_dir, port, log)
+    (engine,) = start_engines(tiny_model_dir, tmp_path, 1)
+    proc, url = engine.proc, engine.url
     try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, proc, log)
         body = {
             "token_ids": [1, 2, 3, 4, 5],
             "sampling_params": {"temperature": 0, "max_tokens": 300, "ignore_eos": True},
@@ -78,10 +60,8 @@ def test_sigterm_mid_stream_drains_then_ends_as_sigtermed(tiny_model_dir: Path, 
         assert len(tokens) == 300 and finish == "length"
         assert proc.wait(timeout=60) == -signal.SIGTERM
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert "Traceback" not in log.read_text()
+        engine.kill()
+    assert "Traceback" not in engine.log_path.read_text()
 
 
 def test_a_taken_port_fails_at_start_with_uvicorns_status(tiny_model_dir: Path, tmp_path: Path):
