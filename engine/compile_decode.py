@@ -39,6 +39,13 @@ def compile_sizes(max_num_seqs: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def use_compile_cache(cache_dir: Path | None) -> None:
+    """Point inductor at `cache_dir` (None: leave its default), before anything compiles."""
+    if cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+
+
 class CompiledDecode:
     def __init__(
         self,
@@ -50,9 +57,7 @@ class CompiledDecode:
         max_num_seqs: int,
         cache_dir: Path | None,
     ):
-        if cache_dir is not None:
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+        use_compile_cache(cache_dir)
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size

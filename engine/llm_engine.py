@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from engine.block_manager import BlockManager
+from engine.compile_decode import use_compile_cache
 from engine.config import EngineConfig
 from engine.errors import AdapterNotFoundError, InvalidRequestError
 from engine.lora_setup import build_lora_manager, lora_stats
@@ -79,6 +80,8 @@ class LLMEngine:
         self.block_manager = BlockManager(
             num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
+        # Before the LoRA set-up, whose CPU kernel compiles there too.
+        use_compile_cache(_optional_path(config.compile_cache_dir))
         self.lora: LoRAManager | None = (
             build_lora_manager(model, config, mc, self.device) if config.enable_lora else None
         )

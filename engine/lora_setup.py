@@ -59,6 +59,8 @@ def build_lora_manager(
         max_loras=num_slots,
         max_rank=config.max_lora_rank,
     )
+    if device.type == "cpu":
+        layers.warm_up_cpu()  # compiles the short-run kernel (a few seconds; cached on disk)
     manager = LoRAManager(
         layers,
         dims,

@@ -149,5 +149,5 @@ class LoRAKernelMeta:
             max_segment_len=max_segment_len,
             segments=segments,
             ranks=tuple(ranks),
-            cpu=plan_cpu(segments, device) if device.type == "cpu" else None,
+            cpu=plan_cpu(segments, ranks, device) if device.type == "cpu" else None,
         )

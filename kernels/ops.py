@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from kernels.cpu_gathered import GatheredKernel, SubOutputs
 from kernels.lora_meta import LoRAForm, LoRAKernelMeta
-from kernels.reference import SubOutputs, lora_add_cpu, lora_expand_ref, lora_shrink_ref
+from kernels.reference import lora_add_cpu, lora_expand_ref, lora_shrink_ref
 
 __all__ = ["LoRAForm", "LoRAKernelMeta", "lora_add", "lora_expand", "lora_shrink"]
 
@@ -71,17 +72,18 @@ def lora_add(
     *,
     form: LoRAForm,
     sub_outputs: SubOutputs | None = None,
+    cpu_gathered: GatheredKernel | None = None,
 ) -> None:
     """``out += lora_expand(lora_shrink(x, lora_a, meta), lora_b, meta)``, per token's slot.
 
     x: [num_tokens, in_features]; lora_a: [num_slots, max_rank, in_features];
     lora_b: [num_slots, out_features, max_rank]; out: [num_tokens, out_features]. On CUDA the
     two Triton kernels run with a float32 intermediate; on CPU ``lora_add_cpu`` runs, which
-    needs one dtype for all four tensors and skips the zero blocks of fused stacks when told
-    their ``sub_outputs``.
+    needs one dtype for all four tensors, skips the zero blocks of fused stacks when told their
+    ``sub_outputs`` and runs short runs through ``cpu_gathered`` (default: the compiled kernel).
     """
     if x.is_cuda:
         lora_expand(lora_shrink(x, lora_a, meta, form=form), lora_b, meta, out, form=form)
         return
     _check_form(form)
-    lora_add_cpu(x, lora_a, lora_b, meta, out, sub_outputs)
+    lora_add_cpu(x, lora_a, lora_b, meta, out, sub_outputs, cpu_gathered=cpu_gathered)

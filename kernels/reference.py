@@ -6,16 +6,16 @@ and gathered forms differ only in how a kernel finds a token's slot, so the refe
 both.
 
 ``lora_shrink_ref`` / ``lora_expand_ref`` are the exact semantics (float32 products), against
-which the Triton kernels are tested. ``lora_add_cpu`` is what runs on CPU: the same grouping
-with both products in the activations' dtype, fused into an in-place ``addmm_``.
+which the Triton kernels are tested. ``lora_add_cpu`` is what runs on CPU: long runs grouped
+the same way, with both products in the activations' dtype fused into an in-place ``addmm_``,
+and the rows of short runs in one gathered kernel call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
+from kernels.cpu_gathered import GatheredKernel, SubOutputs, compiled_gathered_rows
 from kernels.cpu_plan import DENSE_RUN_MAX, plan_cpu
 from kernels.lora_meta import LoRAKernelMeta
 
@@ -53,10 +53,6 @@ def lora_expand_ref(
             out[start:end] += (y[start:end, :rank].float() @ b.T).to(out.dtype)
 
 
-# (first output column, width) of each sub-projection fused into one stack, in order.
-SubOutputs = Sequence[tuple[int, int]]
-
-
 def lora_add_cpu(
     x: torch.Tensor,
     lora_a: torch.Tensor,
@@ -64,33 +60,33 @@ def lora_add_cpu(
     meta: LoRAKernelMeta,
     out: torch.Tensor,
     sub_outputs: SubOutputs | None = None,
+    *,
+    cpu_gathered: GatheredKernel | None = None,
 ) -> None:
     """``lora_expand_ref(lora_shrink_ref(x, lora_a, meta), lora_b, meta, out)`` computed in the
     inputs' dtype: x, lora_a, lora_b and out share one dtype.
 
     Per long run: ``y = x[run] @ A.T`` and ``out[run].addmm_(y, B.T)``, two BLAS calls and no
-    temporary of the output's width; short runs side by side share one padded ``bmm`` pair
-    (kernels/cpu_plan.py). In float32 this is the reference up to summation order. In bfloat16
-    the matmuls run on the CPU's bf16 units with float32 accumulation, and y is rounded to
-    bfloat16 between the two, as a bf16 PEFT model does. Converting to float32 instead (the
-    reference) made LoRA cost more than the base matmuls it rides on. ``lora_b`` stored as a
-    transposed view of a contiguous [num_slots, max_rank, out_features] stack (lora/layers.py
-    on CPU) makes every B operand here a plain view.
+    temporary of the output's width; the rows of the short runs go to one call of the gathered
+    kernel (kernels/cpu_plan.py, kernels/cpu_gathered.py; ``cpu_gathered``, default the compiled
+    one). In float32 this is the reference up to summation order. In bfloat16 the products run
+    with float32 accumulation, and y is rounded to bfloat16 between the two, as a bf16 PEFT
+    model does. Converting to float32 instead (the reference) made LoRA cost more than the base
+    matmuls it rides on. ``lora_b`` stored as a transposed view of a contiguous [num_slots,
+    max_rank, out_features] stack (lora/layers.py on CPU) makes every B operand here a plain
+    view.
 
     ``sub_outputs``: the stacks fuse n sub-projections block-diagonally (lora/layers.py: a slot
     of rank n * r holds sub i's rank columns at [i * r, i * r + r) and its output columns at
-    sub_outputs[i]); a long run's expand then multiplies only the non-zero blocks (n times
-    fewer FLOPs). Padded blocks keep one fused expand: per sub-projection their three extra
-    small calls cost more than the zeros (12 layers, 34 decode rows, 8 slots: 21.1 ms a step
-    per sub vs 17.2 fused; a 300-row prefill run: 19.4 vs 21.3).
+    sub_outputs[i]); both paths then multiply only the non-zero blocks (n times fewer FLOPs and
+    bytes of B).
     """
-    plan = meta.cpu if meta.cpu is not None else plan_cpu(meta.segments, x.device)
+    plan = meta.cpu if meta.cpu is not None else plan_cpu(meta.segments, meta.ranks, x.device)
     subs = tuple(sub_outputs) if sub_outputs is not None and len(sub_outputs) > 1 else None
     for start, end, slot in plan.runs:
         rank = meta.ranks[slot]
-        if not rank:
-            continue
         y = x[start:end] @ lora_a[slot, :rank].T  # [rows, rank]
+        # a lone short run keeps one fused expand: n small calls would cost more than zeros
         if subs is None or end - start <= DENSE_RUN_MAX:
             out[start:end].addmm_(y, lora_b[slot, :, :rank].T)
             continue
@@ -98,11 +94,21 @@ def lora_add_cpu(
         for i, (offset, width) in enumerate(subs):
             b = lora_b[slot, offset : offset + width, i * r : i * r + r]  # [width, r]
             out[start:end, offset : offset + width].addmm_(y[:, i * r : i * r + r], b.T)
-    for block in plan.blocks:
-        num_slots = block.hi - block.lo
-        xp = x.index_select(0, block.gather).view(num_slots, block.pad, -1)  # [slots, L, in]
-        # Whole padded rank: the stacks are zero beyond each slot's rank (lora/layers.py).
-        y = torch.bmm(xp, lora_a[block.lo : block.hi].transpose(1, 2))  # [slots, L, max_rank]
-        delta = torch.bmm(y, lora_b[block.lo : block.hi].transpose(1, 2))  # [slots, L, out]
-        rows = delta.view(num_slots * block.pad, -1).index_select(0, block.src)
-        out.index_add_(0, block.dest, rows)
+    if plan.gathered is not None:
+        kernel = cpu_gathered if cpu_gathered is not None else compiled_gathered_rows()
+        rows = plan.gathered.rows
+        n = len(subs) if subs is not None else 1
+        # Inference mode always: one compiled graph whatever the caller's grad mode.
+        with torch.inference_mode():
+            new = kernel(
+                x,
+                out,
+                rows,
+                plan.gathered.slots,
+                lora_a,
+                lora_b.transpose(1, 2),  # [S, n R, out]: a plain view of the CPU storage
+                meta.slot_ranks,
+                subs if subs is not None else ((0, out.shape[1]),),
+                meta.max_rank // n,
+            )  # [T, out]
+        out.index_copy_(0, rows, new)

@@ -28,23 +28,29 @@ waste at most (max_rank - r) / max_rank of a rank-r adapter's slot.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from kernels.cpu_gathered import GatheredKernel, compiled_gathered_rows, gathered_rows, warm_up
 from kernels.ops import lora_add
 from lora.batch import LoRABatch
 from lora.dims import BaseModelDims
 from lora.loader import LoadedAdapter
 
+logger = logging.getLogger(__name__)
+
 
 class LoRAStepContext:
-    """Per-step LoRA state shared by every wrapper of one model (set by the runner)."""
+    """Per-step LoRA state shared by every wrapper of one model (set by the runner), and the CPU
+    path's short-run kernel (None: kernels' default, the compiled one; see warm_up_cpu)."""
 
     def __init__(self) -> None:
         self.batch: LoRABatch | None = None
+        self.cpu_gathered: GatheredKernel | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,7 @@ class LoRALinear(nn.Module):
                 out[rows],
                 form=part.form,
                 sub_outputs=self.sub_outputs,
+                cpu_gathered=self.context.cpu_gathered,
             )
         return out
 
@@ -193,6 +200,20 @@ class LoRALayers:
                 )
                 setattr(parent, attr, wrapper)
                 self.wrappers.append((layer_index, wrapper))
+
+    def warm_up_cpu(self) -> str:
+        """Compile the CPU path's short-run kernel now, not on the first request's step. Where
+        inductor cannot compile (no C++ compiler), fall back to the same kernel run eager:
+        correct, but it copies each row's weights. Returns which one runs ("compiled"/"eager")."""
+        stacks = [(w.lora_a, w.lora_b.transpose(1, 2), w.sub_outputs) for _, w in self.wrappers]
+        try:
+            warm_up(compiled_gathered_rows(), stacks)
+        except Exception as exc:  # inductor raises many kinds; any of them means "cannot compile"
+            logger.warning("LoRA CPU kernel: compile failed (%s); running it eager", exc)
+            self.context.cpu_gathered = gathered_rows
+            return "eager"
+        self.context.cpu_gathered = compiled_gathered_rows()
+        return "compiled"
 
     @property
     def num_bytes(self) -> int:

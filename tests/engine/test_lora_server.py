@@ -261,7 +261,9 @@ async def test_unload_waits_for_running_requests(client, engine, adapter_dirs):
     request = EngineRequest(
         request_id=RequestId("long"),
         prompt_token_ids=(5, 6, 7),
-        sampling_params=SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+        # hundreds of steps, so the request is surely still running 0.2 s in (40 tokens of the
+        # tiny model once finished within that on a quiet 2-core box)
+        sampling_params=SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True),
         adapter_name="chat",
     )
     stream = await engine.add_request(request)

@@ -1,12 +1,13 @@
 """The CPU LoRA path (`kernels.reference.lora_add_cpu`, behind `kernels.ops.lora_add`): a
-matmul pair per long run of one slot, one padded bmm pair per block of short runs
-(kernels/cpu_plan.py), products in the inputs' dtype.
+matmul pair per long run of one slot, one gathered kernel call for the rows of the short runs
+(kernels/cpu_plan.py, kernels/cpu_gathered.py; compiled by default, eager as the fallback),
+products in the inputs' dtype.
 
 Tolerances (abs and rel): float32 against the float64 per-token oracle 1e-5 (same products,
 another summation order); bfloat16 against the float32 reference 3e-2: the shrink output is
 rounded to bfloat16 (~4e-3 relative) before the expand, and the sum once more at the end.
 The stacks are zero beyond each slot's rank (the path's precondition, which lora/layers.py
-keeps), except where a test shows that long runs never read the padding.
+keeps), except where a test shows that a path never reads the padding.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.cpu_gathered import gathered_rows
 from kernels.cpu_plan import DENSE_RUN_MAX, plan_cpu
 from kernels.lora_meta import LoRAKernelMeta
 from kernels.ops import lora_add
@@ -58,7 +60,7 @@ def test_bfloat16_stays_within_rounding_of_the_float32_reference(kind: str) -> N
 def test_transposed_b_storage_gives_the_same_result() -> None:
     # lora/layers.py stores B as [slots, rank, out] on CPU and passes a transposed view
     meta, x, lora_a, lora_b = make_case("zipf", 40, torch.float32, padding=0.0)
-    assert meta.cpu is not None and meta.cpu.blocks  # the padded path runs
+    assert meta.cpu is not None and meta.cpu.gathered is not None  # the gathered kernel runs
     stored = lora_b.transpose(1, 2).contiguous()  # [S, R, out]
     want, got = torch.zeros(40, OUT_FEATURES), torch.zeros(40, OUT_FEATURES)
     lora_add_cpu(x, lora_a, lora_b, meta, want)
@@ -75,7 +77,7 @@ def test_long_runs_never_read_the_padding() -> None:
         meta.max_rank,
         "cpu",
     )
-    assert long_meta.cpu is not None and not long_meta.cpu.blocks
+    assert long_meta.cpu is not None and long_meta.cpu.gathered is None
     num_tokens = long_meta.num_tokens
     x = torch.randn(num_tokens, x.shape[1])
     out = torch.zeros(num_tokens, OUT_FEATURES)
@@ -85,21 +87,21 @@ def test_long_runs_never_read_the_padding() -> None:
     )
 
 
-def test_plan_groups_neighbouring_short_runs_and_keeps_long_ones_apart() -> None:
+def test_plan_gathers_every_short_run_and_keeps_long_ones_apart() -> None:
     n = DENSE_RUN_MAX
-    # decode-like short runs of slots 2, 0, base, 1; a long prefill run of slot 3; a lone short
-    # run of slot 0 (a block of one run is just a run); then two short runs again
-    slots = [2, 2, 0, -1, 1] + [3] * (n + 1) + [0] * 3 + [-1] * (n + 4) + [1, 2]
-    segments = LoRAKernelMeta.build(slots, [4] * 4, 4, "cpu").segments
-    plan = plan_cpu(segments, torch.device("cpu"))
-    assert plan.runs == ((5, 6 + n, 3), (6 + n, 9 + n, 0))
-    first, second = plan.blocks
-    # slots 0..2, two positions each (slot 2 has the longest run); the base row 3 is in no list
-    assert (first.lo, first.hi, first.pad) == (0, 3, 2)
-    assert first.gather.tolist() == [2, 2, 4, 4, 0, 1]  # padding repeats the slot's own row
-    assert first.src.tolist() == [0, 2, 4, 5] and first.dest.tolist() == [2, 4, 0, 1]
-    assert (second.lo, second.hi, second.pad) == (1, 3, 1)
-    assert second.dest.tolist() == [13 + 2 * n, 14 + 2 * n]
+    # decode-like short runs of slots 2, 0, base, 1; a long prefill run of slot 3; a short run
+    # of slot 0; base rows; two short runs, one of them on the empty slot 4
+    slots = [2, 2, 0, -1, 1] + [3] * (n + 1) + [0] * 3 + [-1] * (n + 4) + [1, 4]
+    segments = LoRAKernelMeta.build(slots, [4] * 4 + [0], 4, "cpu").segments
+    plan = plan_cpu(segments, [4] * 4 + [0], torch.device("cpu"))
+    assert plan.runs == ((5, 6 + n, 3),)
+    assert plan.gathered is not None
+    tail = 13 + 2 * n  # the row of the last slot-1 token
+    assert plan.gathered.rows.tolist() == [0, 1, 2, 4, 6 + n, 7 + n, 8 + n, tail]
+    assert plan.gathered.slots.tolist() == [2, 2, 0, 1, 0, 0, 0, 1]
+    # one short run alone is just a run; rows of an empty slot get nothing at all
+    alone = plan_cpu([(0, 3, 1), (3, 5, 4)], [4] * 4 + [0], torch.device("cpu"))
+    assert alone.runs == ((0, 3, 1),) and alone.gathered is None
 
 
 def test_tokens_on_an_empty_slot_and_the_base_model_are_untouched() -> None:
@@ -126,12 +128,12 @@ def test_ops_lora_add_on_cpu_runs_the_grouped_path() -> None:
         lora_add(x, lora_a, lora_b, meta, want, form="bgmv")  # type: ignore[arg-type]
 
 
-def test_a_hostile_slot_in_a_shared_block_cannot_reach_other_tokens() -> None:
+def test_a_hostile_slot_in_a_gathered_call_cannot_reach_other_tokens() -> None:
     # Slot 1 holds the largest weights the loader accepts (the float16 range): in float16 its
     # tokens overflow to inf. Tokens of slot 0 and of the base model must come out exactly as if
     # slot 1 were empty.
     meta = LoRAKernelMeta.build([0, 1, -1, 0, 1], [4, 4], 4, "cpu")
-    assert meta.cpu is not None and len(meta.cpu.blocks) == 1
+    assert meta.cpu is not None and meta.cpu.gathered is not None
     x = torch.randn(5, 8).half()  # [T, in]
     lora_a = torch.zeros(2, 4, 8).half()  # [S, R, in]
     lora_b = torch.zeros(2, 6, 4).half()  # [S, out, R]
@@ -146,13 +148,38 @@ def test_a_hostile_slot_in_a_shared_block_cannot_reach_other_tokens() -> None:
     assert not torch.isfinite(out[1]).all()  # the hostile adapter only breaks its own tokens
 
 
-def test_a_block_over_a_wide_slot_range_stays_runs() -> None:
-    # 8 decode rows on slots 0 and 31: 32 slots x 4 padded rows for 8 real ones
-    meta = LoRAKernelMeta.build([0] * 4 + [31] * 4, [4] * 32, 4, "cpu")
-    assert meta.cpu is not None
-    assert meta.cpu.blocks == () and meta.cpu.runs == ((0, 4, 0), (4, 8, 31))
-    near = LoRAKernelMeta.build([0] * 4 + [1] * 4, [4] * 32, 4, "cpu")
-    assert near.cpu is not None and len(near.cpu.blocks) == 1 and near.cpu.runs == ()
+def test_the_gathered_kernel_reads_only_the_slots_its_rows_use() -> None:
+    # decode rows on slots 0, 7 and 31; every other slot of the range holds NaN weights (and
+    # a rank), as a slot loaded with another adapter would: a read of one shows in the output
+    slots = [0, 0, 7, 31, 31, 0]
+    ranks = [4] * 32
+    meta = LoRAKernelMeta.build(slots, ranks, 4, "cpu")
+    assert meta.cpu is not None and meta.cpu.gathered is not None and meta.cpu.runs == ()
+    gen = torch.Generator().manual_seed(7)
+    lora_a = torch.full((32, 4, 6), float("nan"))  # [S, R, in]
+    lora_b = torch.full((32, 5, 4), float("nan"))  # [S, out, R]
+    for slot in (0, 7, 31):
+        lora_a[slot] = torch.randn(4, 6, generator=gen)
+        lora_b[slot] = torch.randn(5, 4, generator=gen)
+    x = torch.randn(6, 6, generator=gen)
+    out = torch.zeros(6, 5)
+    lora_add_cpu(x, lora_a, lora_b, meta, out)
+    torch.testing.assert_close(out.double(), oracle(x, lora_a, lora_b, meta), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["all_distinct", "zipf", "with_base"])
+def test_compiled_kernel_matches_it_run_eager(kind: str, dtype: torch.dtype) -> None:
+    # NaN beyond every slot's rank: neither version may read it
+    meta, x, lora_a, lora_b = make_case(kind, 40, dtype)
+    assert meta.cpu is not None and meta.cpu.gathered is not None
+    eager, compiled = fused_output(40, dtype), fused_output(40, dtype)
+    lora_add_cpu(x, lora_a, lora_b, meta, out_slice(eager), cpu_gathered=gathered_rows)
+    lora_add_cpu(x, lora_a, lora_b, meta, out_slice(compiled))  # the default: compiled
+    assert torch.isfinite(compiled).all()
+    # float32: summation order; bfloat16: each may round y and the sum one ulp the other way
+    tol = 1e-5 if dtype == torch.float32 else 6e-2
+    torch.testing.assert_close(compiled.float(), eager.float(), atol=tol, rtol=tol)
 
 
 def _fused_case(
@@ -181,21 +208,22 @@ def _fused_case(
 @pytest.mark.parametrize("ranks", [[4, 4, 4], [4, 2, 4]], ids=["one-rank", "mixed-ranks"])
 def test_fused_stacks_skip_their_zero_blocks(ranks: list[int]) -> None:
     n = DENSE_RUN_MAX
-    # a padded block of decode-like runs, then a long run (per-sub expand) and a base row
+    # decode-like short runs (the gathered kernel), then a long run and a base row
     slots = [0, 0, 1, 2, 2] + [1] * (n + 3) + [-1]
     meta, x, lora_a, lora_b, subs = _fused_case(slots, ranks, off_block=0.0)
-    assert meta.cpu is not None and meta.cpu.blocks and meta.cpu.runs
+    assert meta.cpu is not None and meta.cpu.gathered is not None and meta.cpu.runs
     want = torch.zeros(len(slots), 11)
     lora_add_cpu(x, lora_a, lora_b, meta, want)  # block-diagonal B multiplied whole
     torch.testing.assert_close(want.double(), oracle(x, lora_a, lora_b, meta), atol=1e-5, rtol=1e-5)
     got = torch.zeros(len(slots), 11)
     lora_add_cpu(x, lora_a, lora_b, meta, got, subs)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    # NaN outside the diagonal blocks shows which products were computed: the long run never
-    # reads them (the padded block multiplies its fused B whole, zeros included)
+    # NaN outside the diagonal blocks shows which products were computed: told the sub-
+    # projections, neither path reads them; told nothing, the fused B is multiplied whole
     _, _, _, poisoned, _ = _fused_case(slots, ranks, off_block=float("nan"))
     out = torch.zeros(len(slots), 11)
     lora_add_cpu(x, lora_a, poisoned, meta, out, subs)
-    long_run = slice(5, 5 + n + 3)
-    torch.testing.assert_close(out[long_run], want[long_run], atol=1e-5, rtol=1e-5)
-    assert not torch.isfinite(out[:5]).all()
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    whole = torch.zeros(len(slots), 11)
+    lora_add_cpu(x, lora_a, poisoned, meta, whole)
+    assert not torch.isfinite(whole[:-1]).any()

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from kernels.cpu_gathered import compiled_gathered_rows, gathered_rows
 from lora.adapter_format import PeftLoraConfig
 from lora.batch import NO_SLOT, build_lora_batch
 from lora.dims import BaseModelDims
@@ -146,3 +147,42 @@ def test_cpu_batch_is_one_part_whose_segments_are_runs_of_one_adapter():
     assert (single.ranks, single.max_rank) == ((4, 4), 4)
     assert (double.ranks, double.max_rank) == ((8, 8), 8)
     assert double.slot_ranks.tolist() == [8, 8]
+
+
+def test_cpu_warm_up_compiles_the_short_run_kernel_and_the_wrappers_use_it():
+    layers = [Layer(), Layer()]
+    lora = LoRALayers(layers, LAYOUT, DIMS, max_loras=3, max_rank=MAX_RANK)
+    assert lora.context.cpu_gathered is None  # before warm-up: kernels' default
+    assert lora.warm_up_cpu() == "compiled"
+    assert lora.context.cpu_gathered is compiled_gathered_rows()
+    calls: list[int] = []
+
+    def counting(*args: object) -> torch.Tensor:
+        calls.append(1)
+        return gathered_rows(*args)  # type: ignore[arg-type]
+
+    lora.context.cpu_gathered = counting
+    lora.set_slot(0, adapter(1, 8, {"q_proj": 8, "down_proj": 4}))
+    lora.set_slot(2, adapter(2, 4, {"v_proj": 4, "down_proj": 4}))
+    # decode rows of two adapters and the base: one gathered call per wrapper
+    lora.context.batch = build_lora_batch(
+        [0, 2, NO_SLOT, 0], [1, 1, 1, 1], num_decodes=4, slot_ranks=[8, 0, 4], max_rank=8,
+        max_fused=3, device=torch.device("cpu"),
+    )  # fmt: skip
+    with torch.no_grad():
+        layers[1].attn.qkv(torch.randn(4, 32))
+        layers[1].mlp.down(torch.randn(4, 48))
+    assert len(calls) == 2
+
+
+def test_cpu_warm_up_falls_back_to_eager_where_compiling_fails(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    def no_compiler(*args: object) -> torch.Tensor:
+        raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+
+    monkeypatch.setattr("lora.layers.compiled_gathered_rows", lambda: no_compiler)
+    lora = LoRALayers([Layer()], LAYOUT, DIMS, max_loras=2, max_rank=MAX_RANK)
+    assert lora.warm_up_cpu() == "eager"
+    assert lora.context.cpu_gathered is gathered_rows
+    assert "InvalidCxxCompiler" in caplog.text
