@@ -96,19 +96,15 @@ def lora_add_cpu(
             out[start:end, offset : offset + width].addmm_(y[:, i * r : i * r + r], b.T)
     if plan.gathered is not None:
         kernel = cpu_gathered if cpu_gathered is not None else compiled_gathered_rows()
-        rows = plan.gathered.rows
         n = len(subs) if subs is not None else 1
-        # Inference mode always: one compiled graph whatever the caller's grad mode.
-        with torch.inference_mode():
-            new = kernel(
-                x,
-                out,
-                rows,
-                plan.gathered.slots,
-                lora_a,
-                lora_b.transpose(1, 2),  # [S, n R, out]: a plain view of the CPU storage
-                meta.slot_ranks,
-                subs if subs is not None else ((0, out.shape[1]),),
-                meta.max_rank // n,
-            )  # [T, out]
-        out.index_copy_(0, rows, new)
+        kernel(
+            x,
+            out,
+            plan.gathered.rows,
+            plan.gathered.slots,
+            lora_a,
+            lora_b.transpose(1, 2),  # [S, n R, out]: a plain view of the CPU storage
+            meta.slot_ranks,
+            subs if subs is not None else ((0, out.shape[1]),),
+            meta.max_rank // n,
+        )

@@ -157,9 +157,9 @@ def test_cpu_warm_up_compiles_the_short_run_kernel_and_the_wrappers_use_it():
     assert lora.context.cpu_gathered is compiled_gathered_rows()
     calls: list[int] = []
 
-    def counting(*args: object) -> torch.Tensor:
+    def counting(*args: object) -> None:
         calls.append(1)
-        return gathered_rows(*args)  # type: ignore[arg-type]
+        gathered_rows(*args)  # type: ignore[arg-type]
 
     lora.context.cpu_gathered = counting
     lora.set_slot(0, adapter(1, 8, {"q_proj": 8, "down_proj": 4}))
@@ -178,7 +178,7 @@ def test_cpu_warm_up_compiles_the_short_run_kernel_and_the_wrappers_use_it():
 def test_cpu_warm_up_falls_back_to_eager_where_compiling_fails(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):
-    def no_compiler(*args: object) -> torch.Tensor:
+    def no_compiler(*args: object) -> None:
         raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
 
     monkeypatch.setattr("lora.layers.compiled_gathered_rows", lambda: no_compiler)
