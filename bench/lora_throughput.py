@@ -18,8 +18,10 @@ On the engine benchmark's seeded variable-length workload (bench/workload.py):
      goal row), and every cell prints its slots and the fewest decode steps any scheduler could
      take under its slot and seat limits (lora_adapters.py). `--cells scaling` runs (c) alone
      (its JSON then holds only `ratios.scaling_loss_1_to_1000`).
-Every cell records wall time and this process's CPU time; the ratios use CPU time (one
-thread: the work done, not the waits on a shared machine), `ratios_wall` the wall time.
+Every loragate cell runs in a process of its own (bench/fresh_process.py: in one long process
+later cells ran slower than the first for the same work). Every cell records wall time and its
+process's CPU time; the ratios use CPU time (one thread: the work done, not the waits on a
+shared machine), `ratios_wall` the wall time.
 See bench/RESULTS.md ("LoRA throughput").
 """
 
@@ -38,6 +40,7 @@ import engine_run
 import lora_vllm
 import torch
 import vllm_offline
+from fresh_process import in_fresh_process
 from lora_adapters import decode_step_bound, make_adapters, round_robin, zipf_assign
 from lora_report import Cell, format_cells, ratios
 from peft_baseline import load_peft, run_peft, timed
@@ -296,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         adapters: dict[str, Path],
         **kw: Any,
     ) -> Cell:
-        return run_loragate(name, setting, model_dir, args, requests, assignment, adapters, **kw)
+        return in_fresh_process(
+            run_loragate, name, setting, model_dir, args, requests, assignment, adapters, **kw
+        )
 
     tries: dict[str, list[Cell]] = {}
     ab: list[Cell] = []  # base, lora, base-nolora, peft-mixed, peft-sequential
