@@ -216,6 +216,11 @@ class LoRALayers:
         return "compiled"
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The slot stacks' dtype: the model's."""
+        return self.wrappers[0][1].lora_a.dtype
+
+    @property
     def num_bytes(self) -> int:
         """The slot stacks' memory, every wrapper together."""
         return sum(w.lora_a.nbytes + w.lora_b.untyped_storage().nbytes() for _, w in self.wrappers)

@@ -39,7 +39,8 @@ class LoaderLimits:
 
 @dataclass(frozen=True)
 class LoraWeights:
-    """One projection's LoRA pair, float32 on the CPU."""
+    """One projection's LoRA pair on the CPU: float32 from the loader, in the model's dtype once
+    the manager has read it (lora/manager.py)."""
 
     lora_a: torch.Tensor  # [rank, in_features]
     lora_b: torch.Tensor  # [out_features, rank], the PEFT scale already folded in
@@ -69,6 +70,16 @@ class LoadedAdapter:
             for key, w in self.modules.items()
         }
         return LoadedAdapter(self.rank, pinned, self.config)
+
+    def to(self, dtype: torch.dtype) -> LoadedAdapter:
+        """The same adapter with its weights in `dtype` (self when they already are)."""
+        if all(w.lora_a.dtype == dtype for w in self.modules.values()):
+            return self
+        converted = {
+            key: LoraWeights(w.lora_a.to(dtype), w.lora_b.to(dtype))
+            for key, w in self.modules.items()
+        }
+        return LoadedAdapter(self.rank, converted, self.config)
 
 
 def check_path(lora_path: object) -> Path:

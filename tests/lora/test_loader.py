@@ -243,3 +243,14 @@ def test_bad_adapter_names(name: object):
 @pytest.mark.parametrize("name", ["sql-lora", "tenant_1:support-v2", "a.b@3", "ünïcode"])
 def test_good_adapter_names(name: str):
     assert check_adapter_name(name, base_model_name="tiny") == name
+
+
+def test_to_converts_every_weight_once(good: Path, dims: BaseModelDims):
+    adapter = load_adapter(str(good), dims, LoaderLimits(max_lora_rank=64))
+    assert adapter.to(torch.float32) is adapter  # already float32: no copy
+    half = adapter.to(torch.bfloat16)
+    assert half.rank == adapter.rank and half.modules.keys() == adapter.modules.keys()
+    for key, w in adapter.modules.items():
+        assert half.modules[key].lora_a.dtype == torch.bfloat16
+        assert torch.equal(half.modules[key].lora_a, w.lora_a.bfloat16())
+        assert torch.equal(half.modules[key].lora_b, w.lora_b.bfloat16())
