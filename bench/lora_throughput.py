@@ -6,7 +6,7 @@
 
 On the engine benchmark's seeded variable-length workload (bench/workload.py):
   a. LoRA overhead: the requests spread over 8 rank-16 adapters vs the same requests on the
-     base model (same engine settings). Goal: <= 1.25x the base time on CPU.
+     base model (same engine settings). Goal: <= 1.15x the base time on CPU (issue 14).
   b. vs PEFT: the same adapter mix through PEFT's mixed-adapter batched `generate`
      (`adapter_names=`) and through PEFT one request at a time (`set_adapter`). Goal: >= 4x
      PEFT's mixed batch.
@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_cells(cells, ab[1] if ab else scaling[0]))
     for label, r in (("cpu time", by_cpu), ("wall time", by_wall)):
         if ab:
-            print(f"\n[{label}] (a) LoRA / base time {r['lora_overhead']:.3f}x (goal <= 1.25x); "
+            print(f"\n[{label}] (a) LoRA / base time {r['lora_overhead']:.3f}x (goal <= 1.15x); "
                   f"(b) vs PEFT mixed {r['vs_peft_mixed']:.2f}x (goal >= 4x), vs PEFT one at a "
                   f"time {r['vs_peft_sequential']:.2f}x;", end="")  # fmt: skip
         print(f"\n[{label}] (c) loss 1 -> {plan.scaling[-1]} adapters "
