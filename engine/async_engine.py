@@ -31,6 +31,7 @@ from engine.loop_commands import Abort, Add, Call, Command, Reply, Stop, WaitIdl
 from engine.outputs import EngineStats, FinishReason, RequestOutput
 from engine.request import EngineRequest, RequestId
 from engine.request_stream import RequestStream, final_output
+from engine.threads import name_os_thread
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
@@ -70,7 +71,9 @@ class AsyncEngine:
         self._stats = engine.stats()  # replaced (never mutated) by the loop thread
         self._loop_ended = threading.Event()  # set when the loop returns, whatever the reason
         if start_thread:
-            threading.Thread(target=self.run_loop, name="engine-loop", daemon=True).start()
+            threading.Thread(
+                target=self._run_loop_on_own_thread, name="engine-loop", daemon=True
+            ).start()
 
     @classmethod
     def from_config(cls, config: EngineConfig, *, start_thread: bool = True) -> AsyncEngine:
@@ -240,6 +243,10 @@ class AsyncEngine:
             self._queue_abort(stream.request_id)
 
     # ---- the loop thread ----------------------------------------------------------------
+
+    def _run_loop_on_own_thread(self) -> None:
+        name_os_thread("engine-loop")
+        self.run_loop()
 
     def run_loop(self) -> None:
         """The loop (blocks until `shutdown` stops it or it dies); called once, by the

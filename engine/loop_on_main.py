@@ -19,6 +19,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from engine.async_engine import AsyncEngine
+from engine.threads import name_os_thread
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SignalHandler = Callable[[int, FrameType | None], None]
@@ -37,6 +38,7 @@ def run_loop_beside_server(
         on_signal(sig, frame)
 
     def server_thread() -> None:
+        name_os_thread("http")
         try:
             run_server()
         finally:

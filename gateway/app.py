@@ -23,6 +23,7 @@ from gateway.admin import admin_router
 from gateway.api_docs import docs_router
 from gateway.dashboard import install_dashboard
 from gateway.dashboard.state import Dashboard
+from gateway.engines.api import EngineClient
 from gateway.engines.build import build_engine_client
 from gateway.error_handlers import install_error_handlers
 from gateway.lifecycle.bookkeeping import Bookkeeping, UsageWriter
@@ -47,7 +48,11 @@ def _ensure_sqlite_dir(url: str) -> None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
 
 
-async def build_state(settings: GatewaySettings) -> GatewayState:
+async def build_state(
+    settings: GatewaySettings, engine_client: EngineClient | None = None
+) -> GatewayState:
+    """`engine_client`: one built already (`loragate serve`'s embedded engine, whose loop runs on
+    the main thread); None builds the one the settings ask for."""
     _ensure_sqlite_dir(settings.database_url)
     runtime = await build_runtime(settings)
     try:
@@ -56,7 +61,9 @@ async def build_state(settings: GatewaySettings) -> GatewayState:
         await check_schema(runtime.engine)  # a clear refusal, not a 503 on every request
         await runtime.restore_budgets()  # before the first admission: a restart hands none back
         tokenizer = await asyncio.to_thread(Tokenizer.load, settings.model)
-        engine = await build_engine_client(settings, runtime.priority.vllm_priority)
+        engine = engine_client or await build_engine_client(
+            settings, runtime.priority.vllm_priority
+        )
     except BaseException:
         await runtime.close()
         raise
@@ -141,14 +148,30 @@ def drain_on_signals(state: GatewayState) -> Iterator[None]:
             signal.signal(sig, then)
 
 
-def create_app(settings: GatewaySettings, *, handle_signals: bool = False) -> FastAPI:
-    """`handle_signals`: drain on SIGTERM (`loragate serve`; tests that embed the app leave it)."""
+def begin_drain_threadsafe(app: FastAPI) -> None:
+    """Start the lifecycle's drain from another thread (the main thread's signal handler when
+    uvicorn runs on a thread of its own: `drain_on_signals` then cannot install itself)."""
+    state: GatewayState | None = getattr(app.state, "gateway", None)
+    loop: asyncio.AbstractEventLoop | None = getattr(app.state, "loop", None)
+    if state is not None and loop is not None:
+        loop.call_soon_threadsafe(state.lifecycle.begin_drain, state.settings.shutdown_grace_s)
+
+
+def create_app(
+    settings: GatewaySettings,
+    *,
+    handle_signals: bool = False,
+    engine_client: EngineClient | None = None,
+) -> FastAPI:
+    """`handle_signals`: drain on SIGTERM (`loragate serve`; tests that embed the app leave it).
+    `engine_client`: an engine client built already (see build_state)."""
 
     dashboard: Dashboard | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = await build_state(settings)
+        state = await build_state(settings, engine_client)
+        app.state.loop = asyncio.get_running_loop()
         app.state.gateway = state
         app.state.tenancy = state.tenancy  # the admin routers' runtime
         try:

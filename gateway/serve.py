@@ -7,7 +7,9 @@ import asyncio
 import functools
 import ipaddress
 import math
+import signal
 import sys
+from types import FrameType
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,6 +19,7 @@ from gateway.settings import GatewaySettings
 # uvicorn's own limit, past the gateway's drain (which ends every stream at the grace period):
 # only a stuck connection is ever cut by uvicorn.
 UVICORN_MARGIN_S = 5
+STARTUP_FAILURE = 3  # uvicorn's exit status when the app does not start
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -76,14 +79,38 @@ def uvicorn_options(settings: GatewaySettings, *, log_level: str) -> dict[str, A
 def run_server(settings: GatewaySettings, *, host: str, port: int, log_level: str) -> None:
     import uvicorn
 
-    from gateway.app import create_app
+    from gateway.app import begin_drain_threadsafe, create_app
 
-    uvicorn.run(
-        create_app(settings, handle_signals=True),
-        host=host,
-        port=port,
-        **uvicorn_options(settings, log_level=log_level),
+    if settings.engine_mode != "inprocess":
+        uvicorn.run(
+            create_app(settings, handle_signals=True),
+            host=host,
+            port=port,
+            **uvicorn_options(settings, log_level=log_level),
+        )
+        return
+    from gateway.engines.inprocess import MainThreadEngine
+
+    # The embedded engine steps on this (the main) thread, uvicorn serves from another; the
+    # model loads before the server listens.
+    embedded = MainThreadEngine(settings)
+    app = create_app(settings, engine_client=embedded.client)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, **uvicorn_options(settings, log_level=log_level))
     )
+
+    def on_signal(sig: int, frame: FrameType | None) -> None:
+        # As drain_on_signals does on the main thread: the lifecycle's drain first (every
+        # stream gets the grace period and a clean end), then uvicorn's own shutdown.
+        begin_drain_threadsafe(app)
+        server.handle_exit(sig, frame)
+
+    received = embedded.serve(server.run, on_signal)
+    if not server.started:
+        raise SystemExit(STARTUP_FAILURE)
+    # As uvicorn does on the main thread: end the way a process given that signal ends.
+    for sig in reversed(received):
+        signal.raise_signal(sig)
 
 
 def metrics_guarded(settings: GatewaySettings, host: str) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from engine.errors import (
     EngineUnavailableError,
     InvalidRequestError,
 )
+from engine.loop_on_main import SignalHandler, run_loop_beside_server
 from engine.metrics import EngineStatsCollector
 from engine.outputs import EngineStats
 from engine.protocol import (
@@ -183,3 +184,24 @@ class InProcessEngineClient:
         for task in self._unloads:
             task.cancel()
         await self.engine.shutdown(self._drain_timeout_s)
+
+
+class MainThreadEngine:
+    """The embedded engine of `loragate serve`: the engine loop runs on the thread that calls
+    `serve` (the main thread), the HTTP server on a thread of its own (engine/loop_on_main.py).
+    Stepped from any other thread, bf16 matmuls ran 1.6x slower (a batch-1 decode step 11.6 ms
+    against 7.0; bench/RESULTS.md, "A decode step on a worker thread, this VM")."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        config = settings.engine.to_engine_config(
+            model=str(settings.model), served_model_name=settings.model_name
+        )
+        self._engine = AsyncEngine.from_config(config, start_thread=False)
+        self.client = InProcessEngineClient(
+            self._engine, drain_timeout_s=settings.engine_drain_timeout_s
+        )
+
+    def serve(self, run_server: Callable[[], None], on_signal: SignalHandler) -> list[int]:
+        """Run `run_server` on a thread and the engine loop here until both end; returns the
+        signals received, in order (they go to `on_signal`)."""
+        return run_loop_beside_server(self._engine, run_server, on_signal)

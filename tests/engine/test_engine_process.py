@@ -90,6 +90,10 @@ def test_the_loop_runs_on_the_thread_chosen(tiny_model_dir: Path, start_thread: 
 
     async def ask() -> str:
         name = await engine.run_in_loop(lambda _: threading.current_thread().name)
+        if start_thread and Path("/proc/self/task").is_dir():
+            # named for the kernel too (`top -H`), which tests/e2e/test_serve_threads.py reads
+            os_names = [(t / "comm").read_text().strip() for t in Path("/proc/self/task").iterdir()]
+            assert "engine-loop" in os_names
         assert engine.is_healthy
         await engine.shutdown(drain_timeout_s=0)
         assert not engine.is_healthy  # the loop has ended
