@@ -254,7 +254,9 @@ def test_priorities_follow_vllm_order(
                  extra_body={"ignore_eos": True})  # fmt: skip
             finished.append(name)
 
-        filler = threading.Thread(target=ask, args=(batch, "filler", 400))
+        # long enough that the other two queue behind it: 400 tokens of the tiny model once
+        # finished before the second request was seen waiting (a clean-clone run, session 6)
+        filler = threading.Thread(target=ask, args=(batch, "filler", 1900))
         filler.start()
         assert until(lambda: vllm_servers[1].metric("vllm:num_requests_running") >= 1)
         queued = [threading.Thread(target=ask, args=(batch, "batch", 4))]
