@@ -17,12 +17,23 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import Protocol
 
 from engine.async_engine import AsyncEngine
 from engine.threads import name_os_thread
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SignalHandler = Callable[[int, FrameType | None], None]
+# uvicorn's exit status when the server could not start (the port taken, say).
+STARTUP_FAILURE = 3
+
+
+class Server(Protocol):
+    """What of `uvicorn.Server` this module uses (engine/ leaves uvicorn to engine.server)."""
+
+    started: bool
+
+    def run(self) -> None: ...
 
 
 def run_loop_beside_server(
@@ -56,3 +67,14 @@ def run_loop_beside_server(
         for sig, handler in originals.items():
             signal.signal(sig, handler)
     return received
+
+
+def serve_beside_loop(engine: AsyncEngine, server: Server, on_signal: SignalHandler) -> None:
+    """`run_loop_beside_server` for a uvicorn server, ending as `uvicorn.run` would: exit
+    STARTUP_FAILURE if it never started, else re-raise the signals that stopped it, so the
+    process ends the way a process given that signal ends."""
+    received = run_loop_beside_server(engine, server.run, on_signal)
+    if not server.started:
+        raise SystemExit(STARTUP_FAILURE)
+    for sig in reversed(received):
+        signal.raise_signal(sig)

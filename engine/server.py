@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -363,16 +362,12 @@ def create_app(
     return app
 
 
-# uvicorn's exit status when the server could not start (the port taken, say).
-STARTUP_FAILURE = 3
-
-
 def serve(config: EngineConfig, *, host: str, port: int, admin_token: str | None) -> None:
     """Load the model, then serve until SIGINT/SIGTERM, draining on the way out. The engine loop
     runs on this (the main) thread, HTTP on another (engine/loop_on_main.py)."""
     import uvicorn
 
-    from engine.loop_on_main import run_loop_beside_server
+    from engine.loop_on_main import serve_beside_loop
 
     engine = AsyncEngine.from_config(config, start_thread=False)
     app = create_app(engine, admin_token=admin_token)
@@ -385,9 +380,4 @@ def serve(config: EngineConfig, *, host: str, port: int, admin_token: str | None
             log_level="info",
         )
     )
-    received = run_loop_beside_server(engine, server.run, server.handle_exit)
-    if not server.started:
-        raise SystemExit(STARTUP_FAILURE)
-    # As uvicorn does on the main thread: end the way a process given that signal ends.
-    for sig in reversed(received):
-        signal.raise_signal(sig)
+    serve_beside_loop(engine, server, server.handle_exit)

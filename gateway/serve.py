@@ -7,7 +7,6 @@ import asyncio
 import functools
 import ipaddress
 import math
-import signal
 import sys
 from types import FrameType
 from typing import Any
@@ -19,7 +18,6 @@ from gateway.settings import GatewaySettings
 # uvicorn's own limit, past the gateway's drain (which ends every stream at the grace period):
 # only a stuck connection is ever cut by uvicorn.
 UVICORN_MARGIN_S = 5
-STARTUP_FAILURE = 3  # uvicorn's exit status when the app does not start
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -105,12 +103,7 @@ def run_server(settings: GatewaySettings, *, host: str, port: int, log_level: st
         begin_drain_threadsafe(app)
         server.handle_exit(sig, frame)
 
-    received = embedded.serve(server.run, on_signal)
-    if not server.started:
-        raise SystemExit(STARTUP_FAILURE)
-    # As uvicorn does on the main thread: end the way a process given that signal ends.
-    for sig in reversed(received):
-        signal.raise_signal(sig)
+    embedded.serve(server, on_signal)
 
 
 def metrics_guarded(settings: GatewaySettings, host: str) -> bool:

@@ -92,7 +92,7 @@ def warm_up(
                 x,
                 out,
                 rows,
-                rows * 0,
+                torch.zeros_like(rows),  # both rows on slot 0
                 lora_a,
                 lora_b_rows,
                 ranks,

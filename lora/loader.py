@@ -9,6 +9,7 @@ tensors. The PEFT scale is folded into B, so serving computes x @ A.T @ B.T.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,21 +66,17 @@ class LoadedAdapter:
 
     def pin_memory(self) -> LoadedAdapter:
         """A copy in page-locked memory, so copies to the accelerator can run asynchronously."""
-        pinned = {
-            key: LoraWeights(w.lora_a.pin_memory(), w.lora_b.pin_memory())
-            for key, w in self.modules.items()
-        }
-        return LoadedAdapter(self.rank, pinned, self.config)
+        return self._map(torch.Tensor.pin_memory)
 
     def to(self, dtype: torch.dtype) -> LoadedAdapter:
         """The same adapter with its weights in `dtype` (self when they already are)."""
         if all(w.lora_a.dtype == dtype for w in self.modules.values()):
             return self
-        converted = {
-            key: LoraWeights(w.lora_a.to(dtype), w.lora_b.to(dtype))
-            for key, w in self.modules.items()
-        }
-        return LoadedAdapter(self.rank, converted, self.config)
+        return self._map(lambda t: t.to(dtype))
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> LoadedAdapter:
+        modules = {k: LoraWeights(fn(w.lora_a), fn(w.lora_b)) for k, w in self.modules.items()}
+        return LoadedAdapter(self.rank, modules, self.config)
 
 
 def check_path(lora_path: object) -> Path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from engine.errors import (
     EngineUnavailableError,
     InvalidRequestError,
 )
-from engine.loop_on_main import SignalHandler, run_loop_beside_server
+from engine.loop_on_main import Server, SignalHandler, serve_beside_loop
 from engine.metrics import EngineStatsCollector
 from engine.outputs import EngineStats
 from engine.protocol import (
@@ -201,7 +201,7 @@ class MainThreadEngine:
             self._engine, drain_timeout_s=settings.engine_drain_timeout_s
         )
 
-    def serve(self, run_server: Callable[[], None], on_signal: SignalHandler) -> list[int]:
-        """Run `run_server` on a thread and the engine loop here until both end; returns the
-        signals received, in order (they go to `on_signal`)."""
-        return run_loop_beside_server(self._engine, run_server, on_signal)
+    def serve(self, server: Server, on_signal: SignalHandler) -> None:
+        """Run `server` on a thread and the engine loop here until both end, then end as
+        `uvicorn.run` would (engine/loop_on_main.py, serve_beside_loop)."""
+        serve_beside_loop(self._engine, server, on_signal)

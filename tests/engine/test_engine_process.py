@@ -21,7 +21,7 @@ import pytest
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.server import STARTUP_FAILURE
+from engine.loop_on_main import STARTUP_FAILURE
 from tests.gateway.engine_processes import start_engines
 
 BIN = Path(sys.executable).parent
