@@ -266,7 +266,11 @@ def test_priorities_follow_vllm_order(
         queued[1].start()
         for thread in (filler, *queued):
             thread.join(timeout=300)
-        assert finished == ["filler", "realtime", "batch"]
+        assert sorted(finished) == ["batch", "filler", "realtime"]
+        # realtime, queued last, is served before batch; vLLM may also preempt the running
+        # filler for it (its priority scheduler does when no seat is free), so where the filler
+        # ends depends on timing and is not asserted
+        assert finished.index("realtime") < finished.index("batch")
     finally:
         gateway.stop()
 
