@@ -60,7 +60,7 @@ def build_lora_manager(
         max_rank=config.max_lora_rank,
     )
     if device.type == "cpu":
-        layers.warm_up_cpu()  # compiles the short-run kernel (a few seconds; cached on disk)
+        layers.warm_up_cpu()  # builds the short-run kernel (cached on disk: once per machine)
     manager = LoRAManager(
         layers,
         dims,

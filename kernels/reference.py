@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cpu_gathered import GatheredKernel, SubOutputs, compiled_gathered_rows
+from kernels.cpu_gathered import GatheredKernel, SubOutputs
+from kernels.cpu_native import default_rows_kernel
 from kernels.cpu_plan import DENSE_RUN_MAX, plan_cpu
 from kernels.lora_meta import LoRAKernelMeta
 
@@ -68,10 +69,10 @@ def lora_add_cpu(
 
     Per long run: ``y = x[run] @ A.T`` and ``out[run].addmm_(y, B.T)``, two BLAS calls and no
     temporary of the output's width; the rows of the short runs go to one call of the gathered
-    kernel (kernels/cpu_plan.py, kernels/cpu_gathered.py; ``cpu_gathered``, default the compiled
-    one). In float32 this is the reference up to summation order. In bfloat16 the products run
-    with float32 accumulation, and y is rounded to bfloat16 between the two, as a bf16 PEFT
-    model does. Converting to float32 instead (the reference) made LoRA cost more than the base
+    kernel (kernels/cpu_plan.py, kernels/cpu_gathered.py; ``cpu_gathered``, default the C one of
+    kernels/cpu_native.py, else the compiled one). In float32 this is the reference up to
+    summation order. In bfloat16 the products run with float32 accumulation, and y is rounded
+    to bfloat16 between the two, as a bf16 PEFT model does. Converting to float32 instead (the reference) made LoRA cost more than the base
     matmuls it rides on. ``lora_b`` stored as a transposed view of a contiguous [num_slots,
     max_rank, out_features] stack (lora/layers.py on CPU) makes every B operand here a plain
     view.
@@ -95,7 +96,7 @@ def lora_add_cpu(
             b = lora_b[slot, offset : offset + width, i * r : i * r + r]  # [width, r]
             out[start:end, offset : offset + width].addmm_(y[:, i * r : i * r + r], b.T)
     if plan.gathered is not None:
-        kernel = cpu_gathered if cpu_gathered is not None else compiled_gathered_rows()
+        kernel = cpu_gathered if cpu_gathered is not None else default_rows_kernel()
         n = len(subs) if subs is not None else 1
         kernel(
             x,

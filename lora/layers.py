@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from kernels.cpu_gathered import GatheredKernel, compiled_gathered_rows, gathered_rows, warm_up
+from kernels.cpu_native import NativeBuildError, native_rows
 from kernels.ops import lora_add
 from lora.batch import LoRABatch
 from lora.dims import BaseModelDims
@@ -46,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 class LoRAStepContext:
     """Per-step LoRA state shared by every wrapper of one model (set by the runner), and the CPU
-    path's short-run kernel (None: kernels' default, the compiled one; see warm_up_cpu)."""
+    path's short-run kernel (None: kernels' default; see warm_up_cpu)."""
 
     def __init__(self) -> None:
         self.batch: LoRABatch | None = None
@@ -202,18 +203,26 @@ class LoRALayers:
                 self.wrappers.append((layer_index, wrapper))
 
     def warm_up_cpu(self) -> str:
-        """Compile the CPU path's short-run kernel now, not on the first request's step. Where
-        inductor cannot compile (no C++ compiler), fall back to the same kernel run eager:
-        correct, but it copies each row's weights. Returns which one runs ("compiled"/"eager")."""
+        """Make the CPU path's short-run kernel ready now, not on the first request's step: the
+        C kernel (kernels/cpu_native.py, built once per machine), else inductor's compile of
+        the same kernel, else that kernel run eager (no C++ compiler at all: correct, but it
+        copies each row's weights). Returns which one runs ("native"/"compiled"/"eager")."""
         stacks = [(w.lora_a, w.lora_b.transpose(1, 2), w.sub_outputs) for _, w in self.wrappers]
+        kernel: GatheredKernel
         try:
-            warm_up(compiled_gathered_rows(), stacks)
+            kernel, which = native_rows(), "native"
+        except NativeBuildError as exc:
+            logger.warning("LoRA CPU kernel: C build failed (%s); compiling it with inductor", exc)
+            kernel, which = compiled_gathered_rows(), "compiled"
+        try:
+            # the C kernel hands a dtype it lacks (float16) to inductor's: compiled here too
+            warm_up(kernel, stacks)
         except Exception as exc:  # inductor raises many kinds; any of them means "cannot compile"
             logger.warning("LoRA CPU kernel: compile failed (%s); running it eager", exc)
             self.context.cpu_gathered = gathered_rows
             return "eager"
-        self.context.cpu_gathered = compiled_gathered_rows()
-        return "compiled"
+        self.context.cpu_gathered = kernel
+        return which
 
     @property
     def dtype(self) -> torch.dtype:

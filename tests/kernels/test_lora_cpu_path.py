@@ -65,7 +65,9 @@ def test_transposed_b_storage_gives_the_same_result() -> None:
     want, got = torch.zeros(40, OUT_FEATURES), torch.zeros(40, OUT_FEATURES)
     lora_add_cpu(x, lora_a, lora_b, meta, want)
     lora_add_cpu(x, lora_a, stored.transpose(1, 2), meta, got)
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    # the stored layout runs the C kernel (kernels/cpu_native.py), the other one inductor's:
+    # the same products, summed in another order
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_long_runs_never_read_the_padding() -> None:

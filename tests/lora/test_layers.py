@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from kernels.cpu_gathered import compiled_gathered_rows, gathered_rows
+from kernels.cpu_native import NativeBuildError, native_rows
 from lora.adapter_format import PeftLoraConfig
 from lora.batch import NO_SLOT, build_lora_batch
 from lora.dims import BaseModelDims
@@ -149,12 +150,12 @@ def test_cpu_batch_is_one_part_whose_segments_are_runs_of_one_adapter():
     assert double.slot_ranks.tolist() == [8, 8]
 
 
-def test_cpu_warm_up_compiles_the_short_run_kernel_and_the_wrappers_use_it():
+def test_cpu_warm_up_builds_the_short_run_kernel_and_the_wrappers_use_it():
     layers = [Layer(), Layer()]
     lora = LoRALayers(layers, LAYOUT, DIMS, max_loras=3, max_rank=MAX_RANK)
     assert lora.context.cpu_gathered is None  # before warm-up: kernels' default
-    assert lora.warm_up_cpu() == "compiled"
-    assert lora.context.cpu_gathered is compiled_gathered_rows()
+    assert lora.warm_up_cpu() == "native"
+    assert lora.context.cpu_gathered is native_rows()
     calls: list[int] = []
 
     def counting(*args: object) -> None:
@@ -175,12 +176,29 @@ def test_cpu_warm_up_compiles_the_short_run_kernel_and_the_wrappers_use_it():
     assert len(calls) == 2
 
 
+def test_cpu_warm_up_compiles_with_inductor_where_the_cxx_build_fails(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    def no_build() -> None:
+        raise NativeBuildError("no C++ compiler (set CXX, or install g++)")
+
+    monkeypatch.setattr("lora.layers.native_rows", no_build)
+    lora = LoRALayers([Layer()], LAYOUT, DIMS, max_loras=2, max_rank=MAX_RANK)
+    assert lora.warm_up_cpu() == "compiled"
+    assert lora.context.cpu_gathered is compiled_gathered_rows()
+    assert "no C++ compiler" in caplog.text
+
+
 def test_cpu_warm_up_falls_back_to_eager_where_compiling_fails(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):
+    def no_build() -> None:
+        raise NativeBuildError("no C++ compiler (set CXX, or install g++)")
+
     def no_compiler(*args: object) -> None:
         raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
 
+    monkeypatch.setattr("lora.layers.native_rows", no_build)
     monkeypatch.setattr("lora.layers.compiled_gathered_rows", lambda: no_compiler)
     lora = LoRALayers([Layer()], LAYOUT, DIMS, max_loras=2, max_rank=MAX_RANK)
     assert lora.warm_up_cpu() == "eager"
