@@ -13,8 +13,11 @@ that no row uses. The padded `bmm` it replaced read every slot between the lowes
 used one, zeros included: with 1,000 adapters in 64 slots, a 34-row decode step read ~500 MB of
 adapter weights instead of ~150 (bench/RESULTS.md).
 
-Eager PyTorch runs the same function correctly but materialises the gathers (T copies of a
-slot's weights); it is the fallback where inductor cannot compile (no C++ compiler).
+What runs on the engine's step is the hand-written C++ of the same function
+(kernels/cpu_rows.cpp via kernels/cpu_native.py, ~1.9x faster on a 34-row decode step over 28
+adapters); this one is its statement of semantics, the test oracle beside the float64 one, and
+the fallback: compiled by inductor where the C++ build fails or lacks the dtype, eager PyTorch
+where nothing compiles (correct, but it materialises the gathers: T copies of a slot's weights).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ short runs (decode rows, a few sequences per adapter) go to one gathered kernel 
 
 A bf16 matmul on CPU costs ~20-40 us however few its rows are, so a run of a few rows is not
 worth a matmul pair of its own: a decode batch of 64 sequences over 8 adapters would pay 8 pairs
-per projection, over 50 adapters 50. The gathered kernel (kernels/cpu_gathered.py) takes every
+per projection, over 50 adapters 50. The gathered kernel (kernels/cpu_native.py) takes every
 short-run row in one call, each row multiplied by its own slot's weights. Runs longer than
 DENSE_RUN_MAX rows (prefill chunks, popular adapters) stay matmul pairs, where BLAS reads each
 weight once for all the run's rows.
