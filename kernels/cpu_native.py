@@ -5,7 +5,7 @@ It computes what `kernels.cpu_gathered.gathered_rows` states, for bfloat16 and f
 plain layouts (unit column strides, contiguous stacks: what lora/layers.py keeps on CPU); any
 other call goes to the inductor-compiled kernel. Why a C kernel beside the compiled one: on the
 decode step of 1,000 adapters (~28 distinct ones over 34 rows) it reads the adapters' weights
-~1.3x faster and a call costs a few microseconds against inductor's ~20-30 (48 calls a step);
+~1.9x faster a step and a call costs a few microseconds against inductor's ~20-30 (48 calls a step);
 bench/RESULTS.md has the figures.
 
 OpenMP: the library links the `libgomp.so.1` soname, which resolves to the one PyTorch has
@@ -33,6 +33,8 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 _ENTRIES = {torch.bfloat16: "lora_rows_bf16", torch.float32: "lora_rows_f32"}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = [_P, _I, _P, _I, _P, _P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _I]
+# cpu_rows.cpp holds a row's shrink output on the stack: n * rank <= 3 * 256 floats
+MAX_FUSED_RANK = 3 * 256
 
 
 class NativeBuildError(RuntimeError):
@@ -42,9 +44,6 @@ class NativeBuildError(RuntimeError):
 def cache_root() -> Path:
     """Where inductor caches (TORCHINDUCTOR_CACHE_DIR, which the engine points at its
     compile_cache_dir, else inductor's default), so one directory holds every artefact."""
-    configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if configured:
-        return Path(configured)
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     return Path(cache_dir())
@@ -121,7 +120,8 @@ class NativeRows:
     def runs_natively(self, x: torch.Tensor, out: torch.Tensor, lora_a: torch.Tensor,
                       lora_b_rows: torch.Tensor) -> bool:  # fmt: skip
         return (
-            x.dtype in self._entries
+            lora_a.shape[1] <= MAX_FUSED_RANK  # n * rank: the stacks' fused rank rows
+            and x.dtype in self._entries
             and x.dtype == out.dtype == lora_a.dtype == lora_b_rows.dtype
             and x.device.type == "cpu"
             and x.dim() == out.dim() == 2

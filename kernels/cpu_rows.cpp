@@ -104,7 +104,7 @@ void rows_kernel(const T* x, int64_t x_stride, T* out, int64_t out_stride, const
         const int64_t slot = slots[t];
         const int64_t r = slot_ranks[slot] / n;
         if (r <= 0) continue;
-        float y[3 * 256];  // n * r: n <= 3 fused sub-projections, r <= 256 (checked by the caller)
+        float y[3 * 256];  // n * r <= n * rank <= MAX_FUSED_RANK, checked in cpu_native.py
         shrink(x + rows[t] * x_stride, lora_a + slot * n * rank * in_features, in_features, n * r,
                y);
         const T* b_slot = lora_b + slot * n * rank * out_features;

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kernels.cpu_gathered import gathered_rows
-from kernels.cpu_native import NativeBuildError, NativeRows, build, native_rows
+from kernels.cpu_native import MAX_FUSED_RANK, NativeBuildError, NativeRows, build, native_rows
 from kernels.reference import lora_add_cpu
 from tests.kernels.lora_cases import (
     MIXES,
@@ -100,6 +100,15 @@ def test_other_dtypes_and_layouts_go_to_the_fallback() -> None:
     assert calls == [torch.float16, torch.float32]
     lora_add_cpu(x, lora_a, _stored(lora_b), meta, out, cpu_gathered=kernel)
     assert calls == [torch.float16, torch.float32]  # the plain layout ran natively
+    # stacks wider than the C++ kernel's stack buffer for a row's shrink output
+    wide_a = torch.zeros(lora_a.shape[0], MAX_FUSED_RANK + 1, lora_a.shape[2])
+    wide_b = torch.zeros(lora_a.shape[0], MAX_FUSED_RANK + 1, out.shape[1])
+    rows, slots = torch.arange(2), torch.zeros(2, dtype=torch.long)
+    ranks = torch.full((lora_a.shape[0],), MAX_FUSED_RANK + 1, dtype=torch.int32)
+    kernel(
+        x[:2], out[:2], rows, slots, wide_a, wide_b, ranks, ((0, out.shape[1]),), MAX_FUSED_RANK + 1
+    )
+    assert calls == [torch.float16, torch.float32, torch.float32]
 
 
 def test_the_build_is_cached_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
