@@ -18,10 +18,13 @@ import torch
 import torch.nn.functional as F
 
 from engine.paged_decode import DecodeMetadata, paged_decode
+from kernels.cpu_attention import native_paged_decode
 
-# How decode rows attend: two grouped matmuls, or the fused SDPA kernel. Which is faster on a
-# CPU depends on the CPU (engine/decode_backend.py measures it at start-up).
-DecodeBackend = Literal["matmul", "sdpa"]
+# How decode rows attend: the hand-written CPU kernel that reads the paged cache where it lies
+# (kernels/cpu_attention.cpp), or, after gathering each row's blocks, two grouped matmuls or
+# the fused SDPA kernel. Which is fastest depends on the machine (engine/decode_backend.py
+# measures them at start-up).
+DecodeBackend = Literal["matmul", "sdpa", "native"]
 
 
 @dataclass
@@ -56,6 +59,7 @@ class AttentionMetadata:
     decode_backend: DecodeBackend = "sdpa"
     # Built on first use and shared by every layer of the step.
     decode_groups: list[DecodeGroup] | None = None
+    decode_context_lens: torch.Tensor | None = None  # decode_lengths as a tensor (native)
 
 
 # A group grows while its longest context stays within this factor (plus a little slack) of its
@@ -113,20 +117,31 @@ def paged_attention(
         return paged_decode(q, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)
     if meta.num_decodes:
-        out[: meta.num_decodes] = _decode(q[: meta.num_decodes], k_cache, v_cache, meta, scale)
+        out[: meta.num_decodes] = decode_attention(
+            q[: meta.num_decodes], k_cache, v_cache, meta, scale
+        )
     for seg in meta.prefills:
         rows = slice(seg.query_start, seg.query_start + seg.query_len)
         out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, seg, scale)
     return out
 
 
-def _decode(
+def decode_attention(
     q: torch.Tensor,  # [num_decodes, num_heads, head_dim]
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
-) -> torch.Tensor:
+) -> torch.Tensor:  # [num_decodes, num_heads, head_dim]
+    """Every decode row against its own context, by meta.decode_backend."""
+    assert meta.decode_tables is not None
+    if meta.decode_backend == "native":
+        if meta.decode_context_lens is None:
+            meta.decode_context_lens = torch.tensor(meta.decode_lengths, dtype=torch.long)
+        return native_paged_decode()(
+            q, k_cache, v_cache, meta.decode_tables, meta.decode_context_lens,
+            meta.block_size, scale,
+        )  # fmt: skip
     groups = decode_groups(meta)
     out = torch.empty_like(q) if len(groups) > 1 else None
     for group in groups:

@@ -36,8 +36,8 @@ class EngineConfig:
     # request waits forever behind a steady stream of better-priority work.
     aging_steps: int = 64
     enable_prefix_caching: bool = True
-    # Decode attention: "auto" times both backends at start-up on this machine (CPU; CUDA uses
-    # SDPA), or "matmul" / "sdpa" (engine/decode_backend.py).
+    # Decode attention: "auto" times the backends at start-up on this machine (CPU; CUDA uses
+    # SDPA), or "native" / "matmul" / "sdpa" (engine/decode_backend.py).
     decode_attention: str = "auto"
     # Decode-only steps of the base model run a torch.compile'd forward (engine/compile_decode.py)
     # unless enforce_eager; inductor caches its artefacts in compile_cache_dir (None: its default
@@ -74,9 +74,9 @@ class EngineConfig:
             raise ValueError(f"policy must be 'priority' or 'fcfs', got {self.policy!r}")
         if self.aging_steps < 1:
             raise ValueError("aging_steps must be >= 1")
-        if self.decode_attention not in ("auto", "matmul", "sdpa"):
+        if self.decode_attention not in ("auto", "matmul", "sdpa", "native"):
             raise ValueError(
-                "decode_attention must be 'auto', 'matmul' or 'sdpa', "
+                "decode_attention must be 'auto', 'matmul', 'sdpa' or 'native', "
                 f"got {self.decode_attention!r}"
             )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

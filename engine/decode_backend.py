@@ -1,28 +1,41 @@
-"""Pick the decode attention backend once, at start-up, by timing both on this machine.
+"""Pick the decode attention backend once, at start-up, by timing each on this machine.
 
-Neither CPU path wins everywhere: on an AMX Xeon SDPA's flash kernel was ~3x faster than
-matmul + softmax for decode, on an AVX512-BF16 AMD EPYC (no AMX) it was ~6x slower in bf16.
-Both compute the same attention (float32 softmax; outputs agree to float32 rounding in float32,
-to a bf16 ulp in bf16), so the choice changes speed, not results beyond rounding. On CUDA the
-fused kernel is used.
+No CPU path wins everywhere: on an AMX Xeon SDPA's flash kernel was ~3x faster than matmul +
+softmax for decode, on an AVX512-BF16 AMD EPYC (no AMX) it was ~6x slower in bf16, and there
+the hand-written kernel that reads the paged cache in place ("native", kernels/cpu_attention.cpp)
+was ~5x faster than gather + matmul. All compute the same attention (float32 softmax; outputs
+agree to float32 rounding in float32, to a bf16 ulp in bf16), so the choice changes speed, not
+results beyond rounding. Each is timed as a step runs it, from the paged cache (the gathers
+included). On CUDA the fused kernel is used.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import torch
 
-from engine.attention import DecodeBackend, decode_matmul, decode_sdpa
+from engine.attention import AttentionMetadata, DecodeBackend, decode_attention
+from kernels.cpu_attention import native_paged_decode
+from kernels.cpu_native import NativeBuildError
 
 log = logging.getLogger(__name__)
 
-BACKENDS: tuple[str, ...] = ("auto", "matmul", "sdpa")
+BACKENDS: tuple[str, ...] = ("auto", "matmul", "sdpa", "native")
 
-# The timed problem: a mid-sized decode group (rows x context keys), a few repeats, best of.
-_ROWS, _CONTEXT, _REPEATS = 16, 256, 5
+# The timed problem: a mid-sized decode batch (rows x context keys, half the rows at half the
+# context, blocks in shuffled order as a busy cache holds them), a few repeats, best of.
+_ROWS, _CONTEXT, _BLOCK_SIZE, _REPEATS = 16, 256, 16, 5
+
+
+def native_available(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the native kernel serves this dtype and device, building it if needed."""
+    try:
+        return native_paged_decode().supports(dtype, device)
+    except NativeBuildError as exc:
+        log.warning("native decode attention unavailable (%s); gathering instead", exc)
+        return False
 
 
 def choose_decode_backend(
@@ -34,45 +47,71 @@ def choose_decode_backend(
     dtype: torch.dtype,
     device: torch.device,
 ) -> DecodeBackend:
-    if requested == "matmul":
-        return "matmul"
-    if requested == "sdpa":
-        return "sdpa"
-    if requested != "auto":
+    if requested not in BACKENDS:
         raise ValueError(f"decode_attention must be one of {BACKENDS}, got {requested!r}")
+    if requested == "native":
+        if not native_available(dtype, device):
+            raise ValueError(f"decode_attention 'native' needs a CPU and bf16 or fp32, got "
+                             f"{dtype} on {device.type}")  # fmt: skip
+        return "native"
+    if requested in ("matmul", "sdpa"):
+        return requested  # type: ignore[return-value]
     if device.type != "cpu":
         return "sdpa"
-    gen = torch.Generator().manual_seed(0)
-    query = torch.randn(_ROWS, num_heads, head_dim, generator=gen).to(dtype)
-    keys = torch.randn(num_kv_heads, _ROWS, _CONTEXT, head_dim, generator=gen).to(dtype)
-    values = torch.randn(num_kv_heads, _ROWS, _CONTEXT, head_dim, generator=gen).to(dtype)
-    mask = torch.ones(_ROWS, _CONTEXT, dtype=torch.bool)
-    mask[::2, _CONTEXT // 2 :] = False  # padded rows, as in a real group
-    scale = head_dim**-0.5
-    timings = {
-        name: _best_time(attend, (query, keys, values, mask), scale)
-        for name, attend in (("matmul", decode_matmul), ("sdpa", decode_sdpa))
-    }
-    chosen: DecodeBackend = "matmul" if timings["matmul"] <= timings["sdpa"] else "sdpa"
+    candidates: list[DecodeBackend] = ["matmul", "sdpa"]
+    if native_available(dtype, device):
+        candidates.insert(0, "native")
+    problem = _problem(num_heads, num_kv_heads, head_dim, dtype)
+    timings = {name: _best_time(name, *problem) for name in candidates}
+    chosen = min(timings, key=timings.__getitem__)
     log.info(
-        "decode attention: %s (matmul %.2f ms, sdpa %.2f ms for %d rows x %d keys, %s)",
-        chosen, 1e3 * timings["matmul"], 1e3 * timings["sdpa"], _ROWS, _CONTEXT, dtype,
+        "decode attention: %s (%s for %d rows x %d keys, %s)",
+        chosen, ", ".join(f"{name} {1e3 * t:.2f} ms" for name, t in timings.items()),
+        _ROWS, _CONTEXT, dtype,
     )  # fmt: skip
     return chosen
 
 
-Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+Problem = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]
+
+
+def _problem(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> Problem:
+    gen = torch.Generator().manual_seed(0)
+    blocks_per_row = _CONTEXT // _BLOCK_SIZE
+    num_slots = _ROWS * _CONTEXT
+    query = torch.randn(_ROWS, num_heads, head_dim, generator=gen).to(dtype)
+    k_cache = torch.randn(num_kv_heads, num_slots, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(num_kv_heads, num_slots, head_dim, generator=gen).to(dtype)
+    order = torch.randperm(_ROWS * blocks_per_row, generator=gen)
+    tables = order.view(_ROWS, blocks_per_row).contiguous()
+    lengths = [_CONTEXT if row % 2 else _CONTEXT // 2 for row in range(_ROWS)]
+    return query, k_cache, v_cache, tables, lengths
 
 
 def _best_time(
-    attend: Attend,
-    tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-    scale: float,
+    backend: DecodeBackend,
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lengths: list[int],
 ) -> float:
-    attend(*tensors, scale)  # warm-up: first calls allocate and pick kernels
+    def run() -> None:
+        meta = AttentionMetadata(
+            slot_mapping=torch.empty(0, dtype=torch.long),
+            num_decodes=_ROWS,
+            block_size=_BLOCK_SIZE,
+            decode_tables=tables,
+            decode_lengths=lengths,
+            prefills=[],
+            decode_backend=backend,
+        )
+        decode_attention(query, k_cache, v_cache, meta, query.shape[-1] ** -0.5)
+
+    run()  # warm-up: first calls allocate and pick kernels
     best = float("inf")
     for _ in range(_REPEATS):
         start = time.perf_counter()
-        attend(*tensors, scale)
+        run()
         best = min(best, time.perf_counter() - start)
     return best

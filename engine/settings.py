@@ -59,8 +59,10 @@ class EngineSettings(BaseModel):
     enable_prefix_caching: bool = Field(
         default=True, description="reuse KV blocks of shared prefixes"
     )
-    decode_attention: Literal["auto", "matmul", "sdpa"] = Field(
-        default="auto", description="decode attention backend; auto times both at start-up (CPU)"
+    decode_attention: Literal["auto", "matmul", "sdpa", "native"] = Field(
+        default="auto",
+        description="decode attention backend; auto times them at start-up (CPU): native (reads "
+        "the paged cache in place), matmul or sdpa (after gathering)",
     )
     enforce_eager: bool = Field(
         default=True,

@@ -1,7 +1,9 @@
-"""The hand-written short-run kernel (kernels/cpu_rows.cpp): built once per machine with the
-system's C++ compiler, cached on disk beside inductor's artefacts, called through ctypes.
+"""The hand-written CPU kernels (kernels/cpu_*.cpp): built once per machine with the system's
+C++ compiler, cached on disk beside inductor's artefacts, called through ctypes. This module
+builds any of them and wraps the LoRA short-run kernel (kernels/cpu_rows.cpp);
+kernels/cpu_attention.py wraps decode attention.
 
-It computes what `kernels.cpu_gathered.gathered_rows` states, for bfloat16 and float32 with
+The short-run kernel computes what `kernels.cpu_gathered.gathered_rows` states, for bfloat16 and float32 with
 plain layouts (unit column strides, contiguous stacks: what lora/layers.py keeps on CPU); any
 other call goes to the inductor-compiled kernel. Why a C kernel beside the compiled one: on the
 decode step of 1,000 adapters (~28 distinct ones over 34 rows) it reads the adapters' weights
@@ -29,6 +31,8 @@ import torch
 from kernels.cpu_gathered import GatheredKernel, compiled_gathered_rows
 
 SOURCE = Path(__file__).with_name("cpu_rows.cpp")
+# headers every kernel source may include; their text is part of each library's cache key
+HEADERS = (Path(__file__).with_name("cpu_bf16.h"),)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 _ENTRIES = {torch.bfloat16: "lora_rows_bf16", torch.float32: "lora_rows_f32"}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -67,14 +71,19 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def build(cache_dir: Path | None = None) -> Path:
-    """The shared library for this source, compiler and CPU, compiled if not cached yet."""
+def build(
+    cache_dir: Path | None = None, source: Path = SOURCE, extra_flags: tuple[str, ...] = ()
+) -> Path:
+    """The shared library for `source`, this compiler and CPU, compiled if not cached yet.
+    extra_flags: appended to FLAGS (tests build the portable paths with -mno-avx512f)."""
     compiler = _compiler()
+    flags = (*FLAGS, *extra_flags)
+    texts = [path.read_text() for path in (source, *HEADERS)]
     key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(), compiler, *FLAGS, platform.machine(), _cpu_flags()]).encode()
+        "\0".join([*texts, compiler, *flags, platform.machine(), _cpu_flags()]).encode()
     ).hexdigest()[:16]
     directory = (cache_dir or cache_root()) / "loragate_native"
-    library = directory / f"cpu_rows-{key}.so"
+    library = directory / f"{source.stem}-{key}.so"
     if library.exists():
         return library
     directory.mkdir(parents=True, exist_ok=True)
@@ -83,7 +92,7 @@ def build(cache_dir: Path | None = None) -> Path:
     os.close(fd)
     try:
         result = subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", partial],
+            [compiler, *flags, f"-I{source.parent}", str(source), "-o", partial],
             capture_output=True,
             text=True,
             timeout=120,

@@ -16,34 +16,16 @@
 // of weights front to back (bench/RESULTS.md has the figures).
 
 #include <cstdint>
-#include <cstring>
+
+#include "cpu_bf16.h"
 
 namespace {
 
+using loragate::BFloat16;
+using loragate::from_float;
+using loragate::to_float;
+
 constexpr int64_t kBlock = 2048;  // floats of x (shrink) or of an output row (expand) in L1
-
-struct BFloat16 {
-    uint16_t bits;
-};
-
-inline float to_float(float v) { return v; }
-inline float to_float(BFloat16 v) {
-    uint32_t u = static_cast<uint32_t>(v.bits) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-// Round to nearest even, as PyTorch converts; a NaN stays a (quiet) NaN.
-template <typename T> T from_float(float v);
-template <> inline float from_float<float>(float v) { return v; }
-template <> inline BFloat16 from_float<BFloat16>(float v) {
-    uint32_t u;
-    std::memcpy(&u, &v, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((u >> 16) | 0x40u)};
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return {static_cast<uint16_t>(u >> 16)};
-}
 
 // y[j] = round(x . a[j]) for the num_y rows of one slot's A (rows in_features apart).
 template <typename T>

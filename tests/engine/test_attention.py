@@ -1,5 +1,5 @@
 """Paged attention (engine/attention.py) against a naive float64 attention over each sequence's
-own keys, for both decode backends, and the start-up choice between them."""
+own keys, for every decode backend, and the start-up choice between them."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _slots(table: list[int], begin: int, end: int) -> torch.Tensor:
     return torch.tensor([table[p // BLOCK] * BLOCK + p % BLOCK for p in range(begin, end)])
 
 
-@pytest.mark.parametrize("backend", ["matmul", "sdpa"])
+@pytest.mark.parametrize("backend", ["matmul", "sdpa", "native"])
 def test_decode_rows_of_very_different_lengths_match_naive_attention(backend: str) -> None:
     rng, gen = random.Random(0), torch.Generator().manual_seed(0)
     lengths = [3, 17, 40, 41, 130]  # several length groups, partial last blocks
@@ -67,7 +67,10 @@ def test_decode_rows_of_very_different_lengths_match_naive_attention(backend: st
         decode_backend=backend,  # type: ignore[arg-type]
     )
     out = paged_attention(q, new_k, new_v, k_cache, v_cache, meta, HEAD_DIM**-0.5)
-    assert meta.decode_groups is not None and len(meta.decode_groups) > 1
+    if backend == "native":  # reads the cache in place: no groups, no gathered copies
+        assert meta.decode_groups is None
+    else:
+        assert meta.decode_groups is not None and len(meta.decode_groups) > 1
     for row, ((k, v), n) in enumerate(zip(history, lengths, strict=True)):
         want = _naive(q[row : row + 1], k, v, causal_from=n - 1)
         torch.testing.assert_close(out[row : row + 1].double(), want, atol=1e-5, rtol=1e-5)
@@ -97,14 +100,17 @@ def test_prefill_chunk_after_cached_context_matches_naive_attention() -> None:
 def test_the_backend_choice() -> None:
     dims = {"num_heads": HEADS, "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM}
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    for name in ("matmul", "sdpa"):
+    for name in ("matmul", "sdpa", "native"):
         assert choose_decode_backend(name, dtype=torch.float32, device=cpu, **dims) == name
     assert choose_decode_backend("auto", dtype=torch.float32, device=cuda, **dims) == "sdpa"
-    # on CPU "auto" times both on this machine: either may win, but it must be one of them
+    # on CPU "auto" times all three on this machine: any may win, but it must be one of them
     assert choose_decode_backend("auto", dtype=torch.bfloat16, device=cpu, **dims) in (
         "matmul",
         "sdpa",
+        "native",
     )
+    with pytest.raises(ValueError, match="native"):  # the kernel has no fp16 entry
+        choose_decode_backend("native", dtype=torch.float16, device=cpu, **dims)
     with pytest.raises(ValueError, match="decode_attention"):
         choose_decode_backend("flash", dtype=torch.float32, device=cpu, **dims)
     with pytest.raises(ValueError, match="decode_attention"):

@@ -54,22 +54,26 @@ def transformers_reference(model_dir, key, prompts):  # type: ignore[no-untyped-
 
 
 @pytest.mark.parametrize(
-    "family, tie, budget, enforce_eager",
+    "family, tie, budget, enforce_eager, decode_attention",
     [
-        ("llama", False, 2048, True),
-        ("llama", False, 64, True),
-        ("qwen2", False, 64, True),
-        ("qwen3", False, 64, True),
-        ("llama", True, 64, True),
+        # eager steps, decode attention by the C++ kernel that reads the paged cache in place
+        ("llama", False, 2048, True, "native"),
+        ("llama", False, 64, True, "native"),
+        ("qwen2", False, 64, True, "native"),
+        ("qwen3", False, 64, True, "native"),
+        ("llama", True, 64, True, "native"),
+        # ... and by the gathering backends
+        ("llama", False, 64, True, "matmul"),
+        ("qwen3", False, 64, True, "sdpa"),
         # The compiled decode path (engine/compile_decode.py): decode-only steps compiled,
         # steps with a prefill chunk eager, one KV cache shared by both.
-        ("llama", False, 2048, False),
-        ("qwen2", False, 64, False),
-        ("qwen3", False, 64, False),
+        ("llama", False, 2048, False, "auto"),
+        ("qwen2", False, 64, False, "auto"),
+        ("qwen3", False, 64, False, "auto"),
     ],
 )
 def test_greedy_parity_with_transformers(
-    model_factory, tmp_path_factory, family, tie, budget, enforce_eager
+    model_factory, tmp_path_factory, family, tie, budget, enforce_eager, decode_attention
 ):
     assert len(LENGTHS) == NUM_PROMPTS
     model_dir = model_factory(family=family, tie=tie)
@@ -81,6 +85,7 @@ def test_greedy_parity_with_transformers(
             max_num_seqs=NUM_PROMPTS,
             max_num_batched_tokens=budget,
             enforce_eager=enforce_eager,
+            decode_attention=decode_attention,
             compile_cache_dir=str(tmp_path_factory.getbasetemp() / "inductor"),
         )
     )

@@ -1,0 +1,283 @@
+// Decode attention over the paged KV cache, hand-written for the CPU: kernels/cpu_native.py
+// builds it with the system's C++ compiler and engine/attention.py calls it through ctypes.
+// It computes what `decode_matmul` in engine/attention.py computes after gathering each row's
+// blocks, for one query row per sequence:
+//
+//     keys[t]   = k_cache[kv, table[b, t / block_size] * block_size + t % block_size]
+//     score[t]  = round(q[b, h] . keys[t]) * scale                               t < length[b]
+//     p[t]      = round(softmax(score)[t])                      (float32 exp, sum and divide)
+//     out[b, h] = round(sum_t p[t] values[t])
+//
+// with float32 products and sums, and `round` to the activations' dtype where the eager path
+// hands a bf16 tensor from one op to the next (a no-op in float32). Query heads
+// kv * group .. kv * group + group - 1 share KV head kv (grouped-query attention).
+//
+// Why: the eager path copies every row's blocks into one dense [kv_heads, rows, context,
+// head_dim] tensor per layer before two matmuls; that copy alone was about half of decode
+// attention's time at batch 64 (bench/RESULTS.md). Here each (row, KV head) pair reads its
+// keys and values where they lie, once, block by block; no copy and no padding.
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "cpu_bf16.h"
+
+namespace {
+
+using loragate::BFloat16;
+using loragate::from_float;
+using loragate::round_to;
+using loragate::to_float;
+
+// exp(x) for x <= 0 (a softmax after subtracting the maximum) to ~1e-7 relative, written with
+// plain float and integer operations so the loop around it vectorises (libm's expf does not
+// without -ffast-math). 2^(x log2 e) = 2^n 2^f, n integer, |f| <= 1/2, 2^f by its Taylor series
+// to degree 7 (error below 1e-8 on that interval); 0 below -87, where expf leaves the normals.
+inline float exp_nonpositive(float x) {
+    const float clamped = x < -87.f ? -87.f : x;
+    const float y = clamped * 1.4426950408889634f;
+    const float n = __builtin_floorf(y + 0.5f);
+    const float f = y - n;
+    float p = 1.5252733804059841e-5f;
+    p = p * f + 1.5403530393381609e-4f;
+    p = p * f + 1.3333558146428443e-3f;
+    p = p * f + 9.6181291076284772e-3f;
+    p = p * f + 5.5504108664821580e-2f;
+    p = p * f + 2.4022650695910071e-1f;
+    p = p * f + 6.9314718055994531e-1f;
+    p = p * f + 1.f;
+    const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    const float keep = x < -87.f ? 0.f : 1.f;  // a select, not a branch: the loop vectorises
+    return p * scale * keep;
+}
+
+struct Shape {
+    int64_t num_heads, kv_heads, head_dim, block_size, num_slots;
+    int64_t q_row_stride, q_head_stride, table_stride;
+};
+
+// The two passes over the cache, portable: each key (value) row is converted to float32 once
+// and every query head of the group uses it. HD > 0: head_dim known when compiling, so the
+// loops over it unroll; 0: s.head_dim.
+template <typename T, int64_t HD>
+struct Passes {
+    // scores[g][t] = round(q[g] . key[t]) * scale
+    static void scores(const T* k_head, const int64_t* table, int64_t length, int64_t bs,
+                       int64_t hd, const float* qf, int64_t group, float scale, float* row,
+                       float* scores) {
+        for (int64_t t0 = 0; t0 < length; t0 += bs) {
+            const T* block = k_head + table[t0 / bs] * bs * hd;
+            const int64_t n = length - t0 < bs ? length - t0 : bs;
+            for (int64_t t = 0; t < n; t++) {
+                const T* key = block + t * hd;
+                for (int64_t d = 0; d < hd; d++) row[d] = to_float(key[d]);
+                for (int64_t g = 0; g < group; g++) {
+                    const float* qg = qf + g * hd;
+                    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+                    for (int64_t d = 0; d < hd; d++) sum += qg[d] * row[d];
+                    scores[g * length + t0 + t] = round_to<T>(sum) * scale;
+                }
+            }
+        }
+    }
+
+    // acc[g] = sum_t p[g][t] value[t]
+    static void values(const T* v_head, const int64_t* table, int64_t length, int64_t bs,
+                       int64_t hd, const float* p, int64_t group, float* row, float* acc) {
+        for (int64_t i = 0; i < group * hd; i++) acc[i] = 0.f;
+        for (int64_t t0 = 0; t0 < length; t0 += bs) {
+            const T* block = v_head + table[t0 / bs] * bs * hd;
+            const int64_t n = length - t0 < bs ? length - t0 : bs;
+            for (int64_t t = 0; t < n; t++) {
+                const T* value = block + t * hd;
+                for (int64_t d = 0; d < hd; d++) row[d] = to_float(value[d]);
+                for (int64_t g = 0; g < group; g++) {
+                    const float pg = p[g * length + t0 + t];
+                    float* ag = acc + g * hd;
+#pragma omp simd
+                    for (int64_t d = 0; d < hd; d++) ag[d] += pg * row[d];
+                }
+            }
+        }
+    }
+};
+
+#if defined(__AVX512F__)
+// The same passes with AVX-512 registers, for head sizes a multiple of 16 known when
+// compiling. Portable C left the compiler reducing each dot product lane by lane (16 dependent
+// scalar adds) and keeping the accumulators in memory: ~300 cycles a key at head_dim 64.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const BFloat16* p) {
+    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+// Blocks lie anywhere in the cache and each is only block_size * head_dim values (2 KiB at
+// 16 x 64 in bf16): too short for the hardware prefetcher to ramp up, so the next block is
+// asked for while this one is read.
+template <typename T>
+inline void prefetch_block(const T* block, int64_t values) {
+    const char* p = reinterpret_cast<const char*>(block);
+    for (int64_t i = 0; i < values * int64_t(sizeof(T)); i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
+}
+
+template <typename T, int64_t HD>
+struct Avx512Passes {
+    static_assert(HD > 0 && HD % 16 == 0 && HD <= 256);
+    static constexpr int64_t kChunks = HD / 16;
+
+    static void scores(const T* k_head, const int64_t* table, int64_t length, int64_t bs,
+                       int64_t, const float* qf, int64_t group, float scale, float*,
+                       float* scores) {
+        for (int64_t t0 = 0; t0 < length; t0 += bs) {
+            const T* block = k_head + table[t0 / bs] * bs * HD;
+            const int64_t n = length - t0 < bs ? length - t0 : bs;
+            if (t0 + bs < length) prefetch_block(k_head + table[t0 / bs + 1] * bs * HD, bs * HD);
+            for (int64_t t = 0; t < n; t++) {
+                __m512 key[kChunks];
+                for (int64_t j = 0; j < kChunks; j++) key[j] = load16(block + t * HD + 16 * j);
+                for (int64_t g = 0; g < group; g++) {
+                    const float* qg = qf + g * HD;
+                    __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(qg), key[0]);
+                    for (int64_t j = 1; j < kChunks; j++)
+                        sum = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * j), key[j], sum);
+                    scores[g * length + t0 + t] = round_to<T>(_mm512_reduce_add_ps(sum)) * scale;
+                }
+            }
+        }
+    }
+
+    // One query head at a time, so its accumulators stay in registers; the values are read
+    // `group` times, from L2 after the first.
+    static void values(const T* v_head, const int64_t* table, int64_t length, int64_t bs,
+                       int64_t, const float* p, int64_t group, float*, float* acc) {
+        for (int64_t g = 0; g < group; g++) {
+            __m512 sum[kChunks];
+            for (int64_t j = 0; j < kChunks; j++) sum[j] = _mm512_setzero_ps();
+            const float* pg = p + g * length;
+            for (int64_t t0 = 0; t0 < length; t0 += bs) {
+                const T* block = v_head + table[t0 / bs] * bs * HD;
+                const int64_t n = length - t0 < bs ? length - t0 : bs;
+                if (g == 0 && t0 + bs < length)
+                    prefetch_block(v_head + table[t0 / bs + 1] * bs * HD, bs * HD);
+                for (int64_t t = 0; t < n; t++) {
+                    const __m512 weight = _mm512_set1_ps(pg[t0 + t]);
+                    for (int64_t j = 0; j < kChunks; j++)
+                        sum[j] = _mm512_fmadd_ps(weight, load16(block + t * HD + 16 * j), sum[j]);
+                }
+            }
+            for (int64_t j = 0; j < kChunks; j++) _mm512_storeu_ps(acc + g * HD + 16 * j, sum[j]);
+        }
+    }
+};
+
+template <typename T, int64_t HD>
+using FastPasses = Avx512Passes<T, HD>;
+#else
+template <typename T, int64_t HD>
+using FastPasses = Passes<T, HD>;
+#endif
+
+// One (row, KV head) pair: its `group` query heads against its `length` keys and values.
+template <typename T, int64_t HD, typename P>
+void attend_one(const T* q, const T* k_cache, const T* v_cache, const int64_t* table,
+                int64_t length, T* out, const Shape& s, int64_t kv, float scale,
+                std::vector<float>& scratch) {
+    const int64_t group = s.num_heads / s.kv_heads, bs = s.block_size;
+    const int64_t hd = HD > 0 ? HD : s.head_dim;
+    scratch.resize(static_cast<size_t>(group * (length + 2 * hd) + hd));
+    float* scores = scratch.data();       // [group][length]
+    float* qf = scores + group * length;  // [group][hd]
+    float* acc = qf + group * hd;         // [group][hd]
+    float* row = acc + group * hd;        // [hd]: one key or value row in float32
+    for (int64_t g = 0; g < group; g++) {
+        const T* qh = q + (kv * group + g) * s.q_head_stride;
+        for (int64_t d = 0; d < hd; d++) qf[g * hd + d] = to_float(qh[d]);
+    }
+    P::scores(k_cache + kv * s.num_slots * hd, table, length, bs, hd, qf, group, scale, row,
+              scores);
+    for (int64_t g = 0; g < group; g++) {  // softmax, then p as the dtype would hold it
+        float* sg = scores + g * length;
+        float top = sg[0];
+#pragma omp simd reduction(max : top)
+        for (int64_t t = 1; t < length; t++) top = sg[t] > top ? sg[t] : top;
+        float total = 0.f;
+#pragma omp simd reduction(+ : total)
+        for (int64_t t = 0; t < length; t++) {
+            sg[t] = exp_nonpositive(sg[t] - top);
+            total += sg[t];
+        }
+        const float inv = 1.f / total;
+#pragma omp simd
+        for (int64_t t = 0; t < length; t++) sg[t] = round_to<T>(sg[t] * inv);
+    }
+    P::values(v_cache + kv * s.num_slots * hd, table, length, bs, hd, scores, group, row, acc);
+    for (int64_t g = 0; g < group; g++) {
+        T* oh = out + (kv * group + g) * hd;
+        for (int64_t d = 0; d < hd; d++) oh[d] = from_float<T>(acc[g * hd + d]);
+    }
+}
+
+template <typename T, int64_t HD, typename P>
+void paged_decode(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables,
+                  const int64_t* lengths, T* out, int64_t rows, const Shape& s, float scale,
+                  int64_t threads) {
+    const int64_t pairs = rows * s.kv_heads;
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<float> scratch;  // one per thread, grown to the longest context it meets
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < pairs; i++) {
+            const int64_t b = i / s.kv_heads, kv = i % s.kv_heads;
+            attend_one<T, HD, P>(q + b * s.q_row_stride, k_cache, v_cache, tables + b * s.table_stride,
+                       lengths[b], out + b * s.num_heads * s.head_dim, s, kv, scale, scratch);
+        }
+    }
+}
+
+template <typename T>
+void paged_decode_any(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables,
+                      const int64_t* lengths, T* out, int64_t rows, const Shape& s, float scale,
+                      int64_t threads) {
+    switch (s.head_dim) {  // the common head sizes get their own unrolled copy
+        case 64:
+            return paged_decode<T, 64, FastPasses<T, 64>>(q, k_cache, v_cache, tables, lengths,
+                                                           out, rows, s, scale, threads);
+        case 128:
+            return paged_decode<T, 128, FastPasses<T, 128>>(q, k_cache, v_cache, tables, lengths,
+                                                             out, rows, s, scale, threads);
+        default:
+            return paged_decode<T, 0, Passes<T, 0>>(q, k_cache, v_cache, tables, lengths, out,
+                                                     rows, s, scale, threads);
+    }
+}
+
+}  // namespace
+
+// q [rows, num_heads, head_dim] (rows q_row_stride apart, heads q_head_stride apart, unit
+// stride within a head); k_cache and v_cache [kv_heads, num_slots, head_dim] contiguous;
+// tables [rows, table_stride] and lengths [rows] int64; out [rows, num_heads, head_dim]
+// contiguous. Every length >= 1 and every block a row reads lies in the cache.
+#define PAGED_DECODE_ENTRY(name, T)                                                            \
+    extern "C" void name(const void* q, int64_t q_row_stride, int64_t q_head_stride,           \
+                         const void* k_cache, const void* v_cache, int64_t num_slots,          \
+                         const int64_t* tables, int64_t table_stride, const int64_t* lengths,  \
+                         void* out, int64_t rows, int64_t num_heads, int64_t kv_heads,         \
+                         int64_t head_dim, int64_t block_size, float scale, int64_t threads) { \
+        const Shape shape{num_heads, kv_heads,      head_dim,    block_size,                   \
+                          num_slots, q_row_stride, q_head_stride, table_stride};                \
+        paged_decode_any(static_cast<const T*>(q), static_cast<const T*>(k_cache),                 \
+                     static_cast<const T*>(v_cache), tables, lengths, static_cast<T*>(out),    \
+                     rows, shape, scale, threads);                                             \
+    }
+
+PAGED_DECODE_ENTRY(paged_decode_bf16, BFloat16)
+PAGED_DECODE_ENTRY(paged_decode_f32, float)
