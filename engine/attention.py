@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.paged_decode import DecodeMetadata, paged_decode
-from kernels.cpu_attention import native_paged_decode
+from kernels.cpu_attention import native_paged_decode, paged_decode_op
 
 # How decode rows attend: the hand-written CPU kernel that reads the paged cache where it lies
 # (kernels/cpu_attention.cpp), or, after gathering each row's blocks, two grouped matmuls or
@@ -114,6 +114,10 @@ def paged_attention(
     k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     if isinstance(meta, DecodeMetadata):  # the compiled decode-only forward
+        if meta.native:
+            return paged_decode_op(
+                q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.block_size, scale
+            )
         return paged_decode(q, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)
     if meta.num_decodes:

@@ -56,8 +56,10 @@ class CompiledDecode:
         scratch_block: int,
         max_num_seqs: int,
         cache_dir: Path | None,
+        native_attention: bool = False,
     ):
         use_compile_cache(cache_dir)
+        self.native_attention = native_attention
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -73,7 +75,9 @@ class CompiledDecode:
         block_tables: torch.Tensor,  # [rows, max_blocks]
         context_lens: torch.Tensor,  # [rows]
     ) -> torch.Tensor:  # [rows, hidden]
-        meta = DecodeMetadata(slot_mapping, block_tables, context_lens, self.block_size)
+        meta = DecodeMetadata(
+            slot_mapping, block_tables, context_lens, self.block_size, self.native_attention
+        )
         return self.model(input_ids, positions, self.kv_caches, meta)
 
     def padded_size(self, num_rows: int) -> int:

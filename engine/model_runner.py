@@ -93,6 +93,7 @@ class ModelRunner:
                 scratch_block=num_blocks,
                 max_num_seqs=max_num_seqs,
                 cache_dir=compile_cache_dir,
+                native_attention=self.decode_backend == "native",
             )
             self.compiled.warm_up()
 

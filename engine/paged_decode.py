@@ -29,6 +29,9 @@ class DecodeMetadata:
     block_tables: torch.Tensor  # [rows, max_blocks] long (padding -> the scratch block)
     context_lens: torch.Tensor  # [rows] long: context length, this step's token included
     block_size: int
+    # attend by the hand-written kernel (kernels/cpu_attention.py, an opaque operator in the
+    # graph) rather than by the function below
+    native: bool = False
 
 
 def paged_decode(

@@ -82,6 +82,26 @@ class NativePagedDecode:
         return out
 
 
+@torch.library.custom_op("loragate::paged_decode_native", mutates_args=())
+def paged_decode_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    lengths: torch.Tensor,
+    block_size: int,
+    scale: float,
+) -> torch.Tensor:
+    """The kernel as an operator torch.compile can place in a graph (engine/compile_decode.py):
+    inductor compiles the code around it and calls it as it is."""
+    return native_paged_decode()(q, k_cache, v_cache, block_tables, lengths, block_size, scale)
+
+
+@paged_decode_op.register_fake
+def _(q, k_cache, v_cache, block_tables, lengths, block_size, scale):  # type: ignore[no-untyped-def]
+    return q.new_empty(q.shape)
+
+
 @functools.cache
 def native_paged_decode() -> NativePagedDecode:
     """The kernel, built on first call. Raises kernels.cpu_native.NativeBuildError where it

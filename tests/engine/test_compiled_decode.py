@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from engine.attention import AttentionMetadata
@@ -25,7 +26,9 @@ def test_compile_sizes_cover_every_batch():
     assert compile_sizes(1) == (2,)
 
 
-def _engine(model_dir: Path, cache_dir: Path, *, enforce_eager: bool) -> LLMEngine:
+def _engine(
+    model_dir: Path, cache_dir: Path, *, enforce_eager: bool, decode_attention: str
+) -> LLMEngine:
     return LLMEngine(
         EngineConfig(
             model=str(model_dir),
@@ -34,6 +37,7 @@ def _engine(model_dir: Path, cache_dir: Path, *, enforce_eager: bool) -> LLMEngi
             max_num_seqs=8,
             max_num_batched_tokens=96,
             enforce_eager=enforce_eager,
+            decode_attention=decode_attention,
             compile_cache_dir=str(cache_dir),
         )
     )
@@ -73,9 +77,17 @@ def _run(engine: LLMEngine) -> tuple[dict[str, list[int]], dict[tuple[str, int],
     return tokens, logits
 
 
-def test_compiled_equals_eager_token_for_token(tiny_model_dir, tmp_path):
-    eager = _engine(tiny_model_dir, tmp_path, enforce_eager=True)
-    compiled = _engine(tiny_model_dir, tmp_path, enforce_eager=False)
+# The compiled graph attends by the C++ kernel as an opaque operator ("native") or by
+# engine/paged_decode.py compiled into it (what the other backends get there).
+BACKENDS = pytest.mark.parametrize("decode_attention", ["native", "matmul"])
+
+
+@BACKENDS
+def test_compiled_equals_eager_token_for_token(tiny_model_dir, tmp_path, decode_attention):
+    eager = _engine(tiny_model_dir, tmp_path, enforce_eager=True, decode_attention="matmul")
+    compiled = _engine(
+        tiny_model_dir, tmp_path, enforce_eager=False, decode_attention=decode_attention
+    )
     assert eager.runner.compiled is None
     runner = compiled.runner.compiled
     assert isinstance(runner, CompiledDecode)
@@ -106,13 +118,17 @@ def test_compiled_equals_eager_token_for_token(tiny_model_dir, tmp_path):
     assert compiled.scheduler.num_preemptions == eager.scheduler.num_preemptions
 
 
-def test_one_padded_step_equals_eager(tiny_model_dir, tmp_path):
+@BACKENDS
+def test_one_padded_step_equals_eager(tiny_model_dir, tmp_path, decode_attention):
     """One decode step at batch 3 (padded to 4) over contexts of different lengths, one of
     them a single block (its table widened): the compiled forward's hidden states and cache
     writes equal the eager forward's, and padding wrote nothing but the scratch block."""
-    engine = _engine(tiny_model_dir, tmp_path, enforce_eager=False)
+    engine = _engine(
+        tiny_model_dir, tmp_path, enforce_eager=False, decode_attention=decode_attention
+    )
     runner = engine.runner
     assert runner.compiled is not None
+    assert runner.compiled.native_attention == (decode_attention == "native")
     gen = torch.Generator().manual_seed(0)
     for k_layer, v_layer in runner.kv_caches:
         k_layer.copy_(torch.randn(k_layer.shape, generator=gen))
@@ -137,7 +153,7 @@ def test_one_padded_step_equals_eager(tiny_model_dir, tmp_path):
             decode_tables=tables,
             decode_lengths=lengths,
             prefills=[],
-            decode_backend=runner.decode_backend,
+            decode_backend="matmul",  # the eager reference
         )
         reference = runner.model(input_ids, positions, runner.kv_caches, meta)  # [3, hidden]
     torch.testing.assert_close(hidden, reference, rtol=1e-4, atol=1e-4)
