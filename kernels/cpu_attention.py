@@ -98,8 +98,16 @@ def paged_decode_op(
 
 
 @paged_decode_op.register_fake
-def _(q, k_cache, v_cache, block_tables, lengths, block_size, scale):  # type: ignore[no-untyped-def]
-    return q.new_empty(q.shape)
+def _(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    lengths: torch.Tensor,
+    block_size: int,
+    scale: float,
+) -> torch.Tensor:
+    return q.new_empty(q.shape)  # what the compiler needs to know: the output's shape and dtype
 
 
 @functools.cache
