@@ -50,6 +50,20 @@ def test_native_matches_the_kernel_run_eager_and_touches_only_its_rows(
     assert_untouched(before, native, meta)
 
 
+@pytest.mark.parametrize("kind", MIXES)
+def test_the_portable_bf16_build_matches_the_avx512_bf16_one(kind: str, tmp_path: Path) -> None:
+    """Where the CPU has AVX512-BF16 the bf16 shrink runs vdpbf16ps; the portable loop (built
+    here with -mno-avx512bf16, what other CPUs get) computes the same rows."""
+    portable = NativeRows(build(tmp_path, extra_flags=("-mno-avx512bf16",)))
+    meta, x, lora_a, lora_b = make_case(kind, 40, torch.bfloat16)
+    lora_b = _stored(lora_b)
+    fast, slow = fused_output(40, torch.bfloat16), fused_output(40, torch.bfloat16)
+    lora_add_cpu(x, lora_a, lora_b, meta, out_slice(fast), cpu_gathered=native_rows())
+    lora_add_cpu(x, lora_a, lora_b, meta, out_slice(slow), cpu_gathered=portable)
+    assert torch.isfinite(slow).all()
+    torch.testing.assert_close(fast.float(), slow.float(), atol=6e-2, rtol=6e-2)
+
+
 def test_native_float32_matches_the_float64_oracle() -> None:
     meta, x, lora_a, lora_b = make_case("all_distinct", 33, torch.float32)
     lora_b = _stored(lora_b)
