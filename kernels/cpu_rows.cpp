@@ -16,6 +16,7 @@
 // of weights front to back (bench/RESULTS.md has the figures).
 
 #include <cstdint>
+#include <cstring>
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -103,6 +104,58 @@ void expand(const float* y, const T* b, int64_t stride, int64_t r, int64_t width
             out[c0 + c] = from_float<T>(to_float(out[c0 + c]) + acc[c]);
     }
 }
+
+#if defined(__AVX512BF16__)
+// bf16 pairs (y[k], y[k + 1]) in every 32-bit lane; y holds bf16 values (rounded in `shrink`)
+inline __m512bh y_pair(const float* y, int64_t k, bool second) {
+    uint32_t lo, hi = 0;
+    std::memcpy(&lo, y + k, sizeof lo);
+    if (second) std::memcpy(&hi, y + k + 1, sizeof hi);
+    return (__m512bh)_mm512_set1_epi32(static_cast<int>((hi & 0xffff0000u) | (lo >> 16)));
+}
+
+// The same in bfloat16 with vdpbf16ps: rows of B in pairs, their 16 columns interleaved
+// (b_k[c], b_k+1[c], ...) so that one instruction adds y_k b_k[c] + y_k+1 b_k+1[c] to 16
+// float32 sums; the portable loop converted every weight to float32 and multiplied it apart.
+template <>
+void expand<BFloat16>(const float* y, const BFloat16* b, int64_t stride, int64_t r,
+                      int64_t width, BFloat16* out) {
+    alignas(64) static const int16_t kInterleave[32] = {
+        0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+        8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i interleave = _mm512_load_si512(kInterleave);
+    alignas(64) float acc[kBlock];
+    for (int64_t c0 = 0; c0 < width; c0 += kBlock) {
+        const int64_t len = width - c0 < kBlock ? width - c0 : kBlock;
+        for (int64_t c = 0; c < len; c++) acc[c] = 0.f;
+        for (int64_t k = 0; k < r; k += 4) {  // four rows of B per pass over acc
+            const bool has1 = k + 1 < r, has2 = k + 2 < r, has3 = k + 3 < r;
+            const __m512bh pair01 = y_pair(y, k, has1);
+            const __m512bh pair23 = has2 ? y_pair(y, k + 2, has3) : (__m512bh)_mm512_setzero_si512();
+            const BFloat16* b0 = b + k * stride + c0;
+            const BFloat16* b1 = has1 ? b0 + stride : b0;  // weight 0 where there is no row
+            const BFloat16* b2 = has2 ? b0 + 2 * stride : b0;
+            const BFloat16* b3 = has3 ? b0 + 3 * stride : b0;
+            for (int64_t c = 0; c < len; c += 16) {
+                const __mmask16 mask =
+                    static_cast<__mmask16>(len - c >= 16 ? 0xffffu : (1u << (len - c)) - 1);
+                const __m512i w0 = _mm512_castsi256_si512(_mm256_maskz_loadu_epi16(mask, b0 + c));
+                const __m512i w1 = _mm512_castsi256_si512(_mm256_maskz_loadu_epi16(mask, b1 + c));
+                const __m512i w2 = _mm512_castsi256_si512(_mm256_maskz_loadu_epi16(mask, b2 + c));
+                const __m512i w3 = _mm512_castsi256_si512(_mm256_maskz_loadu_epi16(mask, b3 + c));
+                __m512 sum = _mm512_maskz_loadu_ps(mask, acc + c);
+                sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_permutex2var_epi16(w0, interleave, w1),
+                                       pair01);
+                sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_permutex2var_epi16(w2, interleave, w3),
+                                       pair23);
+                _mm512_mask_storeu_ps(acc + c, mask, sum);
+            }
+        }
+        for (int64_t c = 0; c < len; c++)
+            out[c0 + c] = from_float<BFloat16>(to_float(out[c0 + c]) + acc[c]);
+    }
+}
+#endif
 
 template <typename T>
 void rows_kernel(const T* x, int64_t x_stride, T* out, int64_t out_stride, const int64_t* rows,
