@@ -66,47 +66,48 @@ struct Shape {
 // The two passes over the cache, portable: each key (value) row is converted to float32 once
 // and every query head of the group uses it. HD > 0: head_dim known when compiling, so the
 // loops over it unroll; 0: s.head_dim.
+// f(t, row) for each of a sequence's `length` rows in the head's cache, block by block.
+template <typename T, typename F>
+void for_each_row(const T* head, const int64_t* table, int64_t length, int64_t bs, int64_t hd,
+                  F f) {
+    for (int64_t t0 = 0; t0 < length; t0 += bs) {
+        const T* block = head + table[t0 / bs] * bs * hd;
+        const int64_t n = length - t0 < bs ? length - t0 : bs;
+        for (int64_t t = 0; t < n; t++) f(t0 + t, block + t * hd);
+    }
+}
+
 template <typename T, int64_t HD>
 struct Passes {
     // scores[g][t] = round(q[g] . key[t]) * scale
     static void scores(const T* k_head, const int64_t* table, int64_t length, int64_t bs,
                        int64_t hd, const float* qf, int64_t group, float scale, float* row,
                        float* scores) {
-        for (int64_t t0 = 0; t0 < length; t0 += bs) {
-            const T* block = k_head + table[t0 / bs] * bs * hd;
-            const int64_t n = length - t0 < bs ? length - t0 : bs;
-            for (int64_t t = 0; t < n; t++) {
-                const T* key = block + t * hd;
-                for (int64_t d = 0; d < hd; d++) row[d] = to_float(key[d]);
-                for (int64_t g = 0; g < group; g++) {
-                    const float* qg = qf + g * hd;
-                    float sum = 0.f;
+        for_each_row(k_head, table, length, bs, hd, [&](int64_t t, const T* key) {
+            for (int64_t d = 0; d < hd; d++) row[d] = to_float(key[d]);
+            for (int64_t g = 0; g < group; g++) {
+                const float* qg = qf + g * hd;
+                float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-                    for (int64_t d = 0; d < hd; d++) sum += qg[d] * row[d];
-                    scores[g * length + t0 + t] = round_to<T>(sum) * scale;
-                }
+                for (int64_t d = 0; d < hd; d++) sum += qg[d] * row[d];
+                scores[g * length + t] = round_to<T>(sum) * scale;
             }
-        }
+        });
     }
 
     // acc[g] = sum_t p[g][t] value[t]
     static void values(const T* v_head, const int64_t* table, int64_t length, int64_t bs,
                        int64_t hd, const float* p, int64_t group, float* row, float* acc) {
         for (int64_t i = 0; i < group * hd; i++) acc[i] = 0.f;
-        for (int64_t t0 = 0; t0 < length; t0 += bs) {
-            const T* block = v_head + table[t0 / bs] * bs * hd;
-            const int64_t n = length - t0 < bs ? length - t0 : bs;
-            for (int64_t t = 0; t < n; t++) {
-                const T* value = block + t * hd;
-                for (int64_t d = 0; d < hd; d++) row[d] = to_float(value[d]);
-                for (int64_t g = 0; g < group; g++) {
-                    const float pg = p[g * length + t0 + t];
-                    float* ag = acc + g * hd;
+        for_each_row(v_head, table, length, bs, hd, [&](int64_t t, const T* value) {
+            for (int64_t d = 0; d < hd; d++) row[d] = to_float(value[d]);
+            for (int64_t g = 0; g < group; g++) {
+                const float pg = p[g * length + t];
+                float* ag = acc + g * hd;
 #pragma omp simd
-                    for (int64_t d = 0; d < hd; d++) ag[d] += pg * row[d];
-                }
+                for (int64_t d = 0; d < hd; d++) ag[d] += pg * row[d];
             }
-        }
+        });
     }
 };
 

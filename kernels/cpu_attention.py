@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu_native import build
+from kernels.cpu_native import build, load_entries
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 _ENTRIES = {torch.bfloat16: "paged_decode_bf16", torch.float32: "paged_decode_f32"}
@@ -27,13 +27,7 @@ _ARGTYPES = [_P, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I, ctypes.
 
 class NativePagedDecode:
     def __init__(self, library: Path):
-        lib = ctypes.CDLL(str(library))
-        self._entries = {}
-        for dtype, name in _ENTRIES.items():
-            entry = getattr(lib, name)
-            entry.argtypes = _ARGTYPES
-            entry.restype = None
-            self._entries[dtype] = entry
+        self._entries = load_entries(library, _ENTRIES, _ARGTYPES)
         self.library = library
 
     def supports(self, dtype: torch.dtype, device: torch.device) -> bool:
@@ -97,17 +91,8 @@ def paged_decode_op(
     return native_paged_decode()(q, k_cache, v_cache, block_tables, lengths, block_size, scale)
 
 
-@paged_decode_op.register_fake
-def _(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    lengths: torch.Tensor,
-    block_size: int,
-    scale: float,
-) -> torch.Tensor:
-    return q.new_empty(q.shape)  # what the compiler needs to know: the output's shape and dtype
+# What the compiler needs to know of a call: the output's shape and dtype (q's).
+paged_decode_op.register_fake(lambda q, *_: q.new_empty(q.shape))
 
 
 @functools.cache

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -108,17 +109,25 @@ def build(
     return library
 
 
+def load_entries(
+    library: Path, names: dict[torch.dtype, str], argtypes: list[Any]
+) -> dict[torch.dtype, Any]:
+    """The library's entry point for each dtype, typed for ctypes (all return void)."""
+    lib = ctypes.CDLL(str(library))
+    entries = {}
+    for dtype, name in names.items():
+        entry = getattr(lib, name)
+        entry.argtypes = argtypes
+        entry.restype = None
+        entries[dtype] = entry
+    return entries
+
+
 class NativeRows:
     """A GatheredKernel: the C kernel where its preconditions hold, `fallback` elsewhere."""
 
     def __init__(self, library: Path, fallback: GatheredKernel | None = None):
-        lib = ctypes.CDLL(str(library))
-        self._entries = {}
-        for dtype, name in _ENTRIES.items():
-            entry = getattr(lib, name)
-            entry.argtypes = _ARGTYPES
-            entry.restype = None
-            self._entries[dtype] = entry
+        self._entries = load_entries(library, _ENTRIES, _ARGTYPES)
         self._fallback = fallback
         self._subs: dict[tuple[tuple[int, int], ...], torch.Tensor] = {}
         self.library = library
