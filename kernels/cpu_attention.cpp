@@ -63,9 +63,6 @@ struct Shape {
     int64_t q_row_stride, q_head_stride, table_stride;
 };
 
-// The two passes over the cache, portable: each key (value) row is converted to float32 once
-// and every query head of the group uses it. HD > 0: head_dim known when compiling, so the
-// loops over it unroll; 0: s.head_dim.
 // f(t, row) for each of a sequence's `length` rows in the head's cache, block by block.
 template <typename T, typename F>
 void for_each_row(const T* head, const int64_t* table, int64_t length, int64_t bs, int64_t hd,
@@ -77,6 +74,9 @@ void for_each_row(const T* head, const int64_t* table, int64_t length, int64_t b
     }
 }
 
+// The two passes over the cache, portable: each key (value) row is converted to float32 once
+// and every query head of the group uses it. HD > 0: head_dim known when compiling, so the
+// loops over it unroll; 0: s.head_dim.
 template <typename T, int64_t HD>
 struct Passes {
     // scores[g][t] = round(q[g] . key[t]) * scale

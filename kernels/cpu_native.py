@@ -3,12 +3,12 @@ C++ compiler, cached on disk beside inductor's artefacts, called through ctypes.
 builds any of them and wraps the LoRA short-run kernel (kernels/cpu_rows.cpp);
 kernels/cpu_attention.py wraps decode attention.
 
-The short-run kernel computes what `kernels.cpu_gathered.gathered_rows` states, for bfloat16 and float32 with
-plain layouts (unit column strides, contiguous stacks: what lora/layers.py keeps on CPU); any
-other call goes to the inductor-compiled kernel. Why a C kernel beside the compiled one: on the
-decode step of 1,000 adapters (~28 distinct ones over 34 rows) it reads the adapters' weights
-~1.9x faster a step and a call costs a few microseconds against inductor's ~20-30 (48 calls a step);
-bench/RESULTS.md has the figures.
+The short-run kernel computes what `kernels.cpu_gathered.gathered_rows` states, for bfloat16
+and float32 with plain layouts (unit column strides, contiguous stacks: what lora/layers.py
+keeps on CPU); any other call goes to the inductor-compiled kernel. Why a C kernel beside the
+compiled one: on the decode step of 1,000 adapters (~28 distinct ones over 34 rows) it reads the
+adapters' weights ~1.9x faster a step and a call costs a few microseconds against inductor's
+~20-30 (48 calls a step); bench/RESULTS.md has the figures.
 
 OpenMP: the library links the `libgomp.so.1` soname, which resolves to the one PyTorch has
 already loaded, so the kernel's threads are PyTorch's; it is told `torch.get_num_threads()`.

@@ -28,6 +28,7 @@ namespace {
 
 using loragate::BFloat16;
 using loragate::from_float;
+using loragate::round_to;
 using loragate::to_float;
 
 constexpr int64_t kBlock = 2048;  // floats of x (shrink) or of an output row (expand) in L1
@@ -48,7 +49,7 @@ void shrink(const T* x, const T* a, int64_t in_features, int64_t num_y, float* y
             y[j] += sum;
         }
     }
-    for (int64_t j = 0; j < num_y; j++) y[j] = to_float(from_float<T>(y[j]));
+    for (int64_t j = 0; j < num_y; j++) y[j] = round_to<T>(y[j]);
 }
 
 #if defined(__AVX512BF16__)
@@ -70,7 +71,7 @@ void shrink<BFloat16>(const BFloat16* x, const BFloat16* a, int64_t in_features,
         if (tail)
             sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_maskz_loadu_epi16(mask, row + i),
                                    (__m512bh)_mm512_maskz_loadu_epi16(mask, x + i));
-        y[j] = to_float(from_float<BFloat16>(_mm512_reduce_add_ps(sum)));
+        y[j] = round_to<BFloat16>(_mm512_reduce_add_ps(sum));
     }
 }
 #endif
