@@ -113,6 +113,20 @@ def paged_attention(
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+    return attend_paged(q, k, v, k_cache, v_cache, meta, scale)
+
+
+def attend_paged(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_kv_heads, num_slots, head_dim], this step's K/V written
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata | DecodeMetadata,
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Attention of this step's queries over the cache, once their K/V are in it (the model
+    writes them with RoPE: engine/models/layer_ops.py)."""
     if isinstance(meta, DecodeMetadata):  # the compiled decode-only forward
         if meta.native:
             return paged_decode_op(

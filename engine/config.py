@@ -46,6 +46,9 @@ class EngineConfig:
     # bf16 on a CPU: linear weights reordered once into oneDNN's packed layout at load
     # (engine/packed_linear.py); off: plain F.linear, the reference.
     prepack_weights: bool = True
+    # CPU: each layer's RMSNorm (with its residual add), RoPE (with the K/V cache write) and
+    # SiLU-times-up by fused C++ kernels (kernels/cpu_layer.py); off: PyTorch operators.
+    fused_layer_ops: bool = True
     compile_cache_dir: str | None = None
     max_queue_len: int = 4096
     # The loop waits this long for more requests before stepping an empty batch (seconds).

@@ -4,6 +4,7 @@ per-request deltas. Not thread-safe: the async engine drives it from one thread.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from engine.outputs import (
     RequestOutput,
     RequestTimes,
 )
-from engine.packed_linear import can_pack, pack_linears
+from engine.packed_linear import can_pack, pack_linears, packing_pays
 from engine.request import EngineRequest, RequestId
 from engine.sampler import Sampler, SamplingRow
 from engine.scheduler import Scheduler, adapter_of
@@ -36,6 +37,8 @@ from engine.sequence import Sequence
 from engine.threads import apply_threads
 from lora.manager import LoRAManager
 from lora.registry import AdapterId
+
+log = logging.getLogger(__name__)
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -86,11 +89,11 @@ class LLMEngine:
             build_lora_manager(model, config, mc, self.device) if config.enable_lora else None
         )
         # After the LoRA wrappers: they hold the base layers, which get packed in place.
-        self.packed_linears = (
-            pack_linears(model)
-            if config.prepack_weights and config.enforce_eager and can_pack(self.dtype, self.device)
-            else 0
-        )
+        self.packed_linears = 0
+        if config.prepack_weights and config.enforce_eager and can_pack(self.dtype, self.device):
+            pays, figures = packing_pays(model, self.dtype)
+            log.info("packed linear weights: %s (%s)", "yes" if pays else "no", figures)
+            self.packed_linears = pack_linears(model) if pays else 0
         self.scheduler = Scheduler(
             config, self.block_manager, None if self.lora is None else self.lora.cache
         )
@@ -104,6 +107,7 @@ class LLMEngine:
             lora=self.lora,
             decode_attention=config.decode_attention,
             compile_decode=not config.enforce_eager,
+            fused_layer_ops=config.fused_layer_ops,
             max_num_seqs=config.max_num_seqs,
             compile_cache_dir=_optional_path(config.compile_cache_dir),
         )

@@ -6,6 +6,7 @@ prefill chunk contiguously (attention per chunk).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,11 @@ from engine.models.llama import LlamaForCausalLM
 from engine.outputs import ScheduledSeq, SchedulerOutput
 from engine.scheduler import adapter_of
 from engine.sequence import Sequence
+from kernels.cpu_layer import NativeLayer, native_layer
+from kernels.cpu_native import NativeBuildError
 from lora.manager import LoRAManager
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -35,6 +40,15 @@ class ForwardOutput:
     sampling_seqs: list[Sequence]
     logits: torch.Tensor  # [len(sampling_seqs), vocab] at each sampling sequence's last position
     prompt_logits: list[PromptLogits]
+
+
+def _native_layer() -> NativeLayer | None:
+    """The fused layer kernels, or None (PyTorch operators) where no C++ compiler builds them."""
+    try:
+        return native_layer()
+    except NativeBuildError as exc:
+        log.warning("fused layer kernels unavailable (%s); PyTorch operators instead", exc)
+        return None
 
 
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -55,6 +69,7 @@ class ModelRunner:
         lora: LoRAManager | None = None,
         decode_attention: str = "auto",
         compile_decode: bool = False,
+        fused_layer_ops: bool = False,
         max_num_seqs: int = 64,
         compile_cache_dir: Path | None = None,
     ):
@@ -68,6 +83,8 @@ class ModelRunner:
             dtype=dtype,
             device=device,
         )
+        if fused_layer_ops and device.type == "cpu":
+            model.use_layer_ops(_native_layer())
         self.config = config
         self.block_size = block_size
         self.device = device

@@ -1,11 +1,17 @@
-"""bfloat16 linear layers with their weights pre-packed into oneDNN's blocked layout (CPU only).
+"""Linear layers with their weights pre-packed into oneDNN's blocked layout (CPU only).
 
 `F.linear` on a plain [out, in] bf16 weight re-reads the weight in a layout oneDNN's kernels do
 not want: on the 2-core AVX512-BF16 EPYC (no AMX) the small model's 49 projections at batch 1
 ran at 13 GB/s of a 27 GB/s memory bus. Reordered once at load (what inductor's freezing pass
 does for compiled CPU graphs), the same matmuls ran 1.3x faster at batch 1 and 1.35x at batch
-64, 1.1x at 512 tokens (prefill). float32 gains nothing from MKL's packed form here, so only
-bf16 is packed. Values equal F.linear's to bf16 rounding (both accumulate in float32).
+64, 1.1x at 512 tokens (prefill). Values equal F.linear's to bf16 rounding (both accumulate in
+float32).
+
+float32 depends on the CPU: F.linear goes to MKL, which on that AVX512 EPYC was as fast as
+oneDNN's packed form, while on an AVX2-only EPYC MKL ran the small model's projections 1.25x
+slower at batch 1, 2.6x at batch 4 and 1.3x at batch 64 (bench/RESULTS.md, session 9). So
+float32 is packed where a start-up timing of the model's own largest projection says it pays
+(`packing_pays`); values then differ from F.linear's by float32 summation order only.
 
 The packed module replaces the nn.Linear in place (also the base layer inside a LoRA wrapper),
 so the plain weight is dropped and memory does not double.
@@ -13,17 +19,60 @@ so the plain weight is dropped and memory does not double.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if dtype is torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype is torch.float32
+
+
+# The timed problem: decode-sized inputs (a step's rows), a few repeats, best of.
+_TIMED_ROWS, _REPEATS = (1, 4, 32), 5
+# float32 is packed only when that is clearly faster: a tie keeps the reference path.
+_MIN_GAIN = 1.1
+
+
+def packing_pays(model: nn.Module, dtype: torch.dtype) -> tuple[bool, str]:
+    """Whether packing speeds this model's matmuls up on this machine, and the figures. bf16
+    (where oneDNN has it) always does; float32 is timed on the model's largest projection."""
+    if dtype is not torch.float32:
+        return True, f"{dtype}: always packed"
+    linears = [m for m in model.modules() if type(m) is nn.Linear]
+    if not linears:
+        return False, "no linear layers"
+    largest = max(linears, key=lambda m: m.weight.numel())
+    weight = largest.weight.detach()
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+    plain_s = packed_s = 0.0
+    for rows in _TIMED_ROWS:
+        x = torch.randn(rows, largest.in_features, dtype=dtype)
+        plain_s += _best_of(F.linear, x, weight)
+        packed_s += _best_of(torch.ops.mkldnn._linear_pointwise, x, packed, None, "none", [], "")
+    pays = plain_s > _MIN_GAIN * packed_s
+    shape = f"{largest.out_features}x{largest.in_features}"
     return (
-        device.type == "cpu"
-        and dtype is torch.bfloat16
-        and torch.backends.mkldnn.is_available()
-        and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        pays,
+        f"float32 {shape} at {_TIMED_ROWS} rows: plain {plain_s * 1e3:.2f} ms, packed {packed_s * 1e3:.2f} ms",
     )
+
+
+def _best_of(op: Callable[..., object], *args: object) -> float:
+    op(*args)  # first call: oneDNN builds its kernel
+    best = float("inf")
+    for _ in range(_REPEATS):
+        start = time.perf_counter()
+        op(*args)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 class PackedLinear(nn.Module):

@@ -74,6 +74,11 @@ class EngineSettings(BaseModel):
         description="bfloat16 on a CPU: pack linear weights into oneDNN's layout at load "
         "(faster matmuls); off: plain F.linear",
     )
+    fused_layer_ops: bool = Field(
+        default=True,
+        description="CPU: run each layer's norms, RoPE with the K/V cache write, and SiLU by "
+        "fused C++ kernels built at start; off: PyTorch operators (the reference)",
+    )
     compile_cache_dir: str | None = Field(
         default=None,
         description="where torch.compile caches its artefacts for fast restarts (default: "
@@ -131,6 +136,7 @@ class EngineSettings(BaseModel):
             decode_attention=self.decode_attention,
             enforce_eager=self.enforce_eager,
             prepack_weights=self.prepack_weights,
+            fused_layer_ops=self.fused_layer_ops,
             compile_cache_dir=self.compile_cache_dir,
             max_queue_len=self.max_queue_len,
             enable_lora=self.enable_lora,

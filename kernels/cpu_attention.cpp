@@ -26,37 +26,15 @@
 #endif
 
 #include "cpu_bf16.h"
+#include "cpu_math.h"
 
 namespace {
 
 using loragate::BFloat16;
+using loragate::exp_nonpositive;
 using loragate::from_float;
 using loragate::round_to;
 using loragate::to_float;
-
-// exp(x) for x <= 0 (a softmax after subtracting the maximum) to ~1e-7 relative, written with
-// plain float and integer operations so the loop around it vectorises (libm's expf does not
-// without -ffast-math). 2^(x log2 e) = 2^n 2^f, n integer, |f| <= 1/2, 2^f by its Taylor series
-// to degree 7 (error below 1e-8 on that interval); 0 below -87, where expf leaves the normals.
-inline float exp_nonpositive(float x) {
-    const float clamped = x < -87.f ? -87.f : x;
-    const float y = clamped * 1.4426950408889634f;
-    const float n = __builtin_floorf(y + 0.5f);
-    const float f = y - n;
-    float p = 1.5252733804059841e-5f;
-    p = p * f + 1.5403530393381609e-4f;
-    p = p * f + 1.3333558146428443e-3f;
-    p = p * f + 9.6181291076284772e-3f;
-    p = p * f + 5.5504108664821580e-2f;
-    p = p * f + 2.4022650695910071e-1f;
-    p = p * f + 6.9314718055994531e-1f;
-    p = p * f + 1.f;
-    const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    const float keep = x < -87.f ? 0.f : 1.f;  // a select, not a branch: the loop vectorises
-    return p * scale * keep;
-}
 
 struct Shape {
     int64_t num_heads, kv_heads, head_dim, block_size, num_slots;

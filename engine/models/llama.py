@@ -10,13 +10,14 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionMetadata, paged_attention
+from engine.attention import AttentionMetadata, attend_paged
 from engine.models.hf_config import ModelConfig
-from engine.models.rope import RotaryEmbedding, apply_rotary
+from engine.models.layer_ops import LayerOps, RotaryInputs
+from engine.models.rope import RotaryEmbedding
 from engine.paged_decode import DecodeMetadata
+from kernels.cpu_layer import NativeLayer
 
 # Where LoRA wrappers go (lora/layers.py): each fused projection's attribute path inside a
 # DecoderLayer -> the PEFT modules fused into it, in output order.
@@ -31,35 +32,35 @@ LORA_PROJECTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, ops: LayerOps):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.ops = ops
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 and cast back before the weight, as transformers does; the fused
-        # op is ~20x faster on CPU than the pow/mean/rsqrt chain and gives the same values.
-        normed = F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """With `residual`: `residual += x` in place, and the sum normalised."""
+        return self.ops.rms_norm(x, self.weight, self.eps, residual)
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_index: int):
+    def __init__(self, config: ModelConfig, layer_index: int, ops: LayerOps):
         super().__init__()
         self.config = config
         self.layer_index = layer_index
+        self.ops = ops
         self.qkv_proj = nn.Linear(
             config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.qkv_bias
         )
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=config.o_bias)
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, ops) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, ops) if config.qk_norm else None
         self.scale = config.head_dim**-0.5
 
     def forward(
         self,
         hidden: torch.Tensor,  # [num_tokens, hidden]
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        rotary: RotaryInputs,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata | DecodeMetadata,
     ) -> torch.Tensor:
@@ -72,15 +73,16 @@ class Attention(nn.Module):
         v = v.reshape(num_tokens, c.num_kv_heads, c.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, cos_sin)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        q, k = self.ops.rope_and_cache(q, k, v, rotary, kv_cache, meta.slot_mapping)
+        out = attend_paged(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, c.q_size))
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, ops: LayerOps):
         super().__init__()
         self.intermediate = config.intermediate_size
+        self.ops = ops
         self.gate_up_proj = nn.Linear(
             config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias
         )
@@ -89,36 +91,43 @@ class MLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.ops.silu_mul(self.gate_up_proj(x), self.intermediate))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_index: int):
+    """The residual stream travels beside the layer's output, as vLLM's layers carry it: each
+    norm first adds the previous block's output into it (one fused step with the norm). The
+    values are the textbook `h + attn(norm(h))`, `h + mlp(norm(h))`."""
+
+    def __init__(self, config: ModelConfig, layer_index: int, ops: LayerOps):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer_index)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.self_attn = Attention(config, layer_index, ops)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.mlp = MLP(config, ops)
 
     def forward(
         self,
-        hidden: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        hidden: torch.Tensor,  # [num_tokens, hidden]: the previous layer's MLP output
+        residual: torch.Tensor,  # [num_tokens, hidden]: the stream before it, updated in place
+        rotary: RotaryInputs,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata | DecodeMetadata,
-    ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos_sin, kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    ) -> torch.Tensor:  # this layer's MLP output; `residual` now holds the stream before it
+        hidden = self.self_attn(self.input_layernorm(hidden, residual), rotary, kv_cache, meta)
+        return self.mlp(self.post_attention_layernorm(hidden, residual))
 
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, rotary: RotaryEmbedding):
         super().__init__()
         self.config = config
+        # shared by every module; use_layer_ops swaps what it runs
+        self.layer_ops = LayerOps()
+        ops = self.layer_ops
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, ops) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -131,11 +140,17 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata | DecodeMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden] after the final norm
-        hidden = self.embed_tokens(input_ids)
-        cos_sin = self.rotary.lookup(positions, hidden.dtype)
+        # the first layer's norm adds its `hidden` (zeros) into the embeddings: exact
+        residual = self.embed_tokens(input_ids)
+        hidden = torch.zeros_like(residual)
+        rotary = RotaryInputs(self.rotary, positions, residual.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, cos_sin, kv_cache, meta)
-        return self.norm(hidden)
+            hidden = layer(hidden, residual, rotary, kv_cache, meta)
+        return self.norm(hidden, residual)
+
+    def use_layer_ops(self, native: NativeLayer | None) -> None:
+        """Run the layers' element-wise steps by the fused CPU kernels (None: PyTorch's)."""
+        self.layer_ops.native = native
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [num_selected, vocab]

@@ -1,10 +1,12 @@
-"""Pre-packed bf16 linears (engine/packed_linear.py) against plain F.linear, the reference.
+"""Pre-packed linears (engine/packed_linear.py) against plain F.linear, the reference.
 
 The layer alone: same values over decode-sized and prefill-sized inputs. The engine: every
 projection (the LoRA wrappers' base layers too) packed, the plain weights gone, and the same
 greedy tokens as an engine with `prepack_weights=False`, base model and adapters mixed in one
-batch. Both paths accumulate in float32 through oneDNN and round once to bf16; on the AVX512-BF16
-bench box they agree bit for bit, which is what makes token equality a fair check in bf16.
+batch. In bf16 both paths accumulate in float32 through oneDNN and round once to bf16; on the
+AVX512-BF16 bench box they agree bit for bit, which is what makes token equality a fair check in
+bf16. The bf16 tests need oneDNN's bf16 support and skip (saying so) without it; float32 runs
+on every x86 CPU, packed whether or not the start-up timing would pack it here.
 """
 
 from __future__ import annotations
@@ -19,35 +21,49 @@ from torch import nn
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.packed_linear import PackedLinear, can_pack, pack_linears
+from engine.packed_linear import PackedLinear, can_pack, pack_linears, packing_pays
 from lora.layers import LoRALinear
 from tests.engine.engine_helpers import random_prompts, request, run_to_completion
 from tests.lora.peft_builders import AdapterSpec, make_peft_adapter
 
 CPU = torch.device("cpu")
 
-if not can_pack(torch.bfloat16, CPU):
-    pytest.skip(
-        "this CPU has no oneDNN bf16 support (AVX512-BF16 or AMX); nothing gets packed here",
-        allow_module_level=True,
-    )
+BF16 = pytest.param(
+    torch.bfloat16,
+    marks=pytest.mark.skipif(
+        not can_pack(torch.bfloat16, CPU),
+        reason="this CPU has no oneDNN bf16 support (AVX512-BF16 or AMX): bf16 is not packed here",
+    ),
+)
+DTYPES = [BF16, torch.float32]
+TOLERANCE = {torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-2}, torch.float32: {}}
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 3, 64, 300])
 @pytest.mark.parametrize("bias", [False, True])
-def test_packed_equals_f_linear(rows: int, bias: bool) -> None:
+def test_packed_equals_f_linear(rows: int, bias: bool, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(rows)
-    linear = nn.Linear(96, 160, bias=bias).to(torch.bfloat16)
-    x = torch.randn(rows, 2 * 96, generator=gen).to(torch.bfloat16)[:, ::2]  # not contiguous
+    linear = nn.Linear(96, 160, bias=bias).to(dtype)
+    x = torch.randn(rows, 2 * 96, generator=gen).to(dtype)[:, ::2]  # not contiguous
     expected = F.linear(x, linear.weight, linear.bias)
     packed = PackedLinear(linear)
-    torch.testing.assert_close(packed(x), expected, rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(packed(x), expected, **TOLERANCE[dtype])
     assert list(packed.parameters()) == []  # the plain weight is not kept beside the packed one
 
 
-def test_fp32_and_cuda_are_not_packed() -> None:
-    assert not can_pack(torch.float32, CPU)
+def test_cuda_and_float16_are_not_packed() -> None:
     assert not can_pack(torch.bfloat16, torch.device("cuda"))
+    assert not can_pack(torch.float32, torch.device("cuda"))
+    assert not can_pack(torch.float16, CPU)
+
+
+def test_packing_pays_times_float32_and_always_packs_bf16() -> None:
+    model = nn.Sequential(nn.Linear(64, 256), nn.Linear(256, 64))
+    pays, figures = packing_pays(model, torch.float32)
+    assert isinstance(pays, bool)
+    assert "256x64" in figures and "plain" in figures and "packed" in figures
+    assert packing_pays(model.to(torch.bfloat16), torch.bfloat16)[0]
 
 
 def _engine(model_dir: Path, *, prepack: bool, dtype: str = "bfloat16") -> LLMEngine:
@@ -63,9 +79,12 @@ def _engine(model_dir: Path, *, prepack: bool, dtype: str = "bfloat16") -> LLMEn
     )
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_engine_packs_every_projection_and_keeps_the_tokens(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, tmp_path: Path, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # float32 packs where the start-up timing says it pays; here it is packed either way
+    monkeypatch.setattr("engine.llm_engine.packing_pays", lambda model, dtype: (True, "test"))
     specs = [AdapterSpec("a", r=8, alpha=16, seed=1), AdapterSpec("b", r=16, alpha=8, seed=2)]
     adapters = {s.name: make_peft_adapter(tiny_model_dir, tmp_path / s.name, s) for s in specs}
     # Each prompt twice: once on the base model, once with an adapter.
@@ -74,7 +93,7 @@ def test_engine_packs_every_projection_and_keeps_the_tokens(
     names = [None, "a", None, "b", None, "a", None, "b"]
     tokens = {}
     for prepack in (False, True):
-        engine = _engine(tiny_model_dir, prepack=prepack)
+        engine = _engine(tiny_model_dir, prepack=prepack, dtype=str(dtype).removeprefix("torch."))
         model = engine.runner.model
         num_layers = engine.model_config.num_layers
         if prepack:
@@ -99,7 +118,10 @@ def test_engine_packs_every_projection_and_keeps_the_tokens(
     assert sum(base != adapted for base, adapted in pairs) >= 2
 
 
-def test_float32_engine_stays_on_plain_linears(tiny_model_dir: Path) -> None:
+def test_float32_engine_packs_only_where_packing_pays(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("engine.llm_engine.packing_pays", lambda model, dtype: (False, "test"))
     engine = _engine(tiny_model_dir, prepack=True, dtype="float32")
     assert engine.packed_linears == 0
     assert any(type(m) is nn.Linear for m in engine.runner.model.modules())
@@ -107,6 +129,5 @@ def test_float32_engine_stays_on_plain_linears(tiny_model_dir: Path) -> None:
 
 def test_pack_linears_counts_what_it_replaced() -> None:
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4)))
-    model = model.to(torch.bfloat16)
     assert pack_linears(model) == 2
     assert pack_linears(model) == 0  # nothing plain left

@@ -22,6 +22,8 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.metrics import EngineMetrics
 from tests.engine.engine_helpers import (
+    FAST_TOLERANCE,
+    REFERENCE_TOLERANCE,
     capture_first_logits,
     random_prompts,
     request,
@@ -169,7 +171,7 @@ def _check_parity(
     tokens: dict[str, list[int]],
     first_logits: dict[str, torch.Tensor],
     ref: Reference,
-    tolerance: float = 1e-4,
+    tolerance: float = FAST_TOLERANCE,
 ) -> None:
     assert ref.min_margin > 1e-3, f"reference top-1 margin {ref.min_margin} is too small"
     for i in range(NUM_REQUESTS):
@@ -195,12 +197,16 @@ def test_adapters_change_the_output(reference: Reference) -> None:
     assert len(changed) >= 6, changed
 
 
-@pytest.mark.parametrize("enforce_eager", [True, False], ids=["eager", "compiled"])
+@pytest.mark.parametrize(
+    "enforce_eager, fast", [(True, True), (True, False), (False, True)],
+    ids=["eager", "eager-reference-layers", "compiled"],
+)  # fmt: skip
 def test_mixed_adapters_match_peft(
-    tiny_model_dir, tmp_path, monkeypatch, adapters, prompts, reference, enforce_eager
+    tiny_model_dir, tmp_path, monkeypatch, adapters, prompts, reference, enforce_eager, fast
 ):
     """Compiled: decode steps with no adapter row run the compiled forward (engine/
-    compile_decode.py), steps with one run eager, on one KV cache."""
+    compile_decode.py), steps with one run eager, on one KV cache. Reference layers: PyTorch
+    operators and plain weights (tests/engine/engine_helpers.py, the tolerances)."""
     compiled_rows: list[int] = []
     forward = CompiledDecode.forward
 
@@ -217,8 +223,12 @@ def test_mixed_adapters_match_peft(
         max_cpu_loras=8,
         enforce_eager=enforce_eager,
         compile_cache_dir=str(tmp_path),
+        fused_layer_ops=fast,
+        prepack_weights=fast,
     )
-    _check_parity(tokens, first_logits, reference)
+    _check_parity(
+        tokens, first_logits, reference, tolerance=FAST_TOLERANCE if fast else REFERENCE_TOLERANCE
+    )
     assert max_distinct == len(SPECS)  # all eight adapters really shared batches
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert bool(compiled_rows) == (not enforce_eager)

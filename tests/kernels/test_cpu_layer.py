@@ -1,0 +1,129 @@
+"""The fused layer kernels (kernels/cpu_layer.cpp through kernels/cpu_layer.py) against the
+PyTorch operators they replace (engine/models/layer_ops.py's reference path).
+
+RoPE with the cache write, the residual add and SiLU-times-up round exactly where the operators
+do, so bfloat16 results are equal bit for bit; in float32 the norm's 1/sqrt and SiLU's exp are
+libm-accurate where PyTorch's vectorised ones differ in the last bit, so float32 agrees to a few
+ulps. Row counts straddle the kernels' threading thresholds (8 rows, 64 Ki elements)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.models.hf_config import RopeConfig
+from engine.models.layer_ops import LayerOps, RotaryInputs, rms_norm_reference
+from engine.models.rope import RotaryEmbedding, apply_rotary
+from kernels.cpu_layer import native_layer
+
+DTYPES = [torch.bfloat16, torch.float32]
+ROWS = [1, 7, 9, 64]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    if dtype == torch.bfloat16:
+        assert torch.equal(got, want), (got.float() - want.float()).abs().max()
+    else:
+        torch.testing.assert_close(got, want, rtol=4e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", ROWS)
+def test_add_rms_norm_matches_the_operators(dtype: torch.dtype, rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    # x a column slice of a wider output (a row stride beyond its width), as projections hand it
+    wide = torch.randn(rows, 800, generator=gen).to(dtype)
+    x = wide[:, 16:784]
+    residual = torch.randn(rows, 768, generator=gen).to(dtype)
+    weight = (torch.rand(768, generator=gen) + 0.5).to(dtype)
+    want_sum = residual + x
+
+    updated = residual.clone()
+    got = native_layer().add_rms_norm(x, updated, weight, 1e-6)
+    assert torch.equal(updated, want_sum)  # the residual stream, exactly
+    _norm_close(got, rms_norm_reference(want_sum, weight, 1e-6), dtype)
+    alone = native_layer().add_rms_norm(x, None, weight, 1e-6)
+    _norm_close(alone, rms_norm_reference(x, weight, 1e-6), dtype)
+
+
+def _norm_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    """The norm's 1/sqrt is libm's, PyTorch's a vectorised one: in bfloat16 a value on a rounding
+    boundary may round the other way (one ulp, two after the weight), in a few elements at most."""
+    if dtype == torch.float32:
+        _close(got, want, dtype)
+        return
+    assert (got != want).float().mean() < 0.01
+    torch.testing.assert_close(got, want, rtol=1.6e-2, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", ROWS)
+def test_silu_mul_matches_the_operators(dtype: torch.dtype, rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    # large gates both ways: the sigmoid's two branches and exp's underflow
+    gate_up = (torch.randn(rows, 2 * 2048, generator=gen) * 8).to(dtype)
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])
+    gate, up = gate_up.split(2048, dim=-1)
+    _close(native_layer().silu_mul(gate_up), F.silu(gate) * up, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 9, 33])
+def test_rope_and_cache_write_match_the_operators(dtype: torch.dtype, tokens: int) -> None:
+    gen = torch.Generator().manual_seed(tokens)
+    heads, kv_heads, head_dim, num_slots = 6, 2, 64, 80
+    rope = RopeConfig(theta=500000.0, rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                      high_freq_factor=4.0, original_max_position_embeddings=256)  # fmt: skip
+    table = RotaryEmbedding(rope, head_dim, 1024, torch.device("cpu"))
+    positions = torch.randint(0, 1024, (tokens,), generator=gen)
+    slots = torch.randperm(num_slots, generator=gen)[:tokens]
+    # q, k, v as the model hands them: views into one fused projection output
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k, v = (t.view(tokens, -1, head_dim) for t in (q, k, v))
+    caches = [torch.full((kv_heads, num_slots, head_dim), 7.0, dtype=dtype) for _ in range(4)]
+
+    want_q, want_k = apply_rotary(q, k, table.lookup(positions, dtype))
+    caches[0].index_copy_(1, slots, want_k.transpose(0, 1))
+    caches[1].index_copy_(1, slots, v.transpose(0, 1))
+    got_q, got_k = q.clone(), k.clone()
+    native_layer().rope_kv(got_q, got_k, v, table.cos, table.sin, positions, caches[2],
+                           caches[3], slots)  # fmt: skip
+    assert torch.equal(got_q, want_q)
+    assert torch.equal(got_k, want_k)
+    assert torch.equal(caches[2], caches[0])  # written slots equal, every other slot untouched
+    assert torch.equal(caches[3], caches[1])
+
+
+def test_rope_refuses_slots_and_positions_out_of_range() -> None:
+    table = RotaryEmbedding(RopeConfig(theta=10000.0), 64, 16, torch.device("cpu"))
+    qkv = torch.randn(2, 3 * 64)
+    q, k, v = (t.view(2, 1, 64) for t in qkv.split(64, dim=-1))
+    cache = torch.zeros(1, 8, 64)
+    for positions, slots in (([0, 16], [0, 1]), ([0, 1], [0, 8]), ([0, 1], [-1, 2])):
+        with pytest.raises(IndexError, match="out of range"):
+            native_layer().rope_kv(q, k, v, table.cos, table.sin, torch.tensor(positions),
+                                   cache, cache.clone(), torch.tensor(slots))  # fmt: skip
+
+
+def test_layer_ops_fall_back_where_the_kernels_do_not_apply() -> None:
+    """float16 (no kernel), 3-D norms (Qwen3's per-head q/k norm): the operators run."""
+    ops = LayerOps(native_layer())
+    x = torch.randn(4, 3, 64, dtype=torch.float16)
+    weight = torch.ones(64, dtype=torch.float16)
+    assert torch.equal(ops.rms_norm(x, weight, 1e-6), rms_norm_reference(x, weight, 1e-6))
+    x32 = torch.randn(4, 3, 64)
+    assert torch.equal(ops.rms_norm(x32, weight.float(), 1e-6),
+                       rms_norm_reference(x32, weight.float(), 1e-6))  # fmt: skip
+    gate_up = torch.randn(4, 128, dtype=torch.float16)
+    assert torch.equal(ops.silu_mul(gate_up, 64), F.silu(gate_up[:, :64]) * gate_up[:, 64:])
+    table = RotaryEmbedding(RopeConfig(theta=10000.0), 64, 16, torch.device("cpu"))
+    rotary = RotaryInputs(table, torch.tensor([3, 4]), torch.float16)
+    qkv = torch.randn(2, 3 * 64, dtype=torch.float16)
+    q, k, v = (t.view(2, 1, 64) for t in qkv.split(64, dim=-1))
+    cache = (torch.zeros(1, 8, 64, dtype=torch.float16), torch.zeros(1, 8, 64, dtype=torch.float16))
+    got_q, got_k = ops.rope_and_cache(q, k, v, rotary, cache, torch.tensor([5, 6]))
+    want_q, want_k = apply_rotary(q, k, rotary.cos_sin())
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    assert torch.equal(cache[0][:, 5:7], want_k.transpose(0, 1))
