@@ -43,8 +43,9 @@ class EngineConfig:
     # unless enforce_eager; inductor caches its artefacts in compile_cache_dir (None: its default
     # under the system's temporary directory), so a restart loads instead of compiling.
     enforce_eager: bool = True
-    # bf16 on a CPU: linear weights reordered once into oneDNN's packed layout at load
-    # (engine/packed_linear.py); off: plain F.linear, the reference.
+    # CPU: linear weights reordered once into oneDNN's packed layout at load (bf16 where oneDNN
+    # has it, float32 where a start-up timing finds it faster: engine/packed_linear.py); off:
+    # plain F.linear, the reference.
     prepack_weights: bool = True
     # CPU: each layer's RMSNorm (with its residual add), RoPE (with the K/V cache write) and
     # SiLU-times-up by fused C++ kernels (kernels/cpu_layer.py); off: PyTorch operators.

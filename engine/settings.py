@@ -71,8 +71,8 @@ class EngineSettings(BaseModel):
     )
     prepack_weights: bool = Field(
         default=True,
-        description="bfloat16 on a CPU: pack linear weights into oneDNN's layout at load "
-        "(faster matmuls); off: plain F.linear",
+        description="CPU: pack linear weights into oneDNN's layout at load (bfloat16 where "
+        "oneDNN has it; float32 where a start-up timing finds it faster); off: plain F.linear",
     )
     fused_layer_ops: bool = Field(
         default=True,
