@@ -34,7 +34,10 @@ from kernels.cpu_gathered import GatheredKernel, compiled_gathered_rows
 SOURCE = Path(__file__).with_name("cpu_rows.cpp")
 # headers every kernel source may include; their text is part of each library's cache key
 HEADERS = (Path(__file__).with_name("cpu_bf16.h"), Path(__file__).with_name("cpu_math.h"))
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+# -fno-trapping-math: without it GCC keeps every float select (a clamp, a sign test) a branch, and
+# loops with one (the softmax's and SiLU's exp) stay scalar; the kernels read no FP exception
+# flags, and no value changes.
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-trapping-math")
 _ENTRIES = {torch.bfloat16: "lora_rows_bf16", torch.float32: "lora_rows_f32"}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = [_P, _I, _P, _I, _P, _P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _I]
