@@ -21,7 +21,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -89,15 +89,49 @@ struct Passes {
     }
 };
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+// The same passes in vector registers, for head sizes a multiple of the register width known
+// when compiling: AVX-512 (16 floats) where the CPU has it, else AVX2 with FMA (8 floats).
+// Portable C left the compiler reducing each dot product lane by lane (dependent scalar adds)
+// and keeping the accumulators in memory: ~300 cycles a key at head_dim 64 with AVX-512.
+
 #if defined(__AVX512F__)
-// The same passes with AVX-512 registers, for head sizes a multiple of 16 known when
-// compiling. Portable C left the compiler reducing each dot product lane by lane (16 dependent
-// scalar adds) and keeping the accumulators in memory: ~300 cycles a key at head_dim 64.
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const BFloat16* p) {
-    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
+struct Vec {
+    using Reg = __m512;
+    static constexpr int64_t kWidth = 16;
+    static Reg load(const float* p) { return _mm512_loadu_ps(p); }
+    static Reg load(const BFloat16* p) {
+        const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+    }
+    static Reg zero() { return _mm512_setzero_ps(); }
+    static Reg splat(float v) { return _mm512_set1_ps(v); }
+    static Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
+    static Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+    static float sum(Reg a) { return _mm512_reduce_add_ps(a); }
+    static void store(float* p, Reg a) { _mm512_storeu_ps(p, a); }
+};
+#else
+struct Vec {
+    using Reg = __m256;
+    static constexpr int64_t kWidth = 8;
+    static Reg load(const float* p) { return _mm256_loadu_ps(p); }
+    static Reg load(const BFloat16* p) {
+        const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+    }
+    static Reg zero() { return _mm256_setzero_ps(); }
+    static Reg splat(float v) { return _mm256_set1_ps(v); }
+    static Reg mul(Reg a, Reg b) { return _mm256_mul_ps(a, b); }
+    static Reg fmadd(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+    static float sum(Reg a) {
+        const __m128 pair = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        const __m128 two = _mm_add_ps(pair, _mm_movehl_ps(pair, pair));
+        return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
+    }
+    static void store(float* p, Reg a) { _mm256_storeu_ps(p, a); }
+};
+#endif
 
 // Blocks lie anywhere in the cache and each is only block_size * head_dim values (2 KiB at
 // 16 x 64 in bf16): too short for the hardware prefetcher to ramp up, so the next block is
@@ -109,9 +143,10 @@ inline void prefetch_block(const T* block, int64_t values) {
 }
 
 template <typename T, int64_t HD>
-struct Avx512Passes {
-    static_assert(HD > 0 && HD % 16 == 0 && HD <= 256);
-    static constexpr int64_t kChunks = HD / 16;
+struct SimdPasses {
+    static constexpr int64_t W = Vec::kWidth;
+    static_assert(HD > 0 && HD % W == 0 && HD <= 256);
+    static constexpr int64_t kChunks = HD / W;
 
     static void scores(const T* k_head, const int64_t* table, int64_t length, int64_t bs,
                        int64_t, const float* qf, int64_t group, float scale, float*,
@@ -121,14 +156,14 @@ struct Avx512Passes {
             const int64_t n = length - t0 < bs ? length - t0 : bs;
             if (t0 + bs < length) prefetch_block(k_head + table[t0 / bs + 1] * bs * HD, bs * HD);
             for (int64_t t = 0; t < n; t++) {
-                __m512 key[kChunks];
-                for (int64_t j = 0; j < kChunks; j++) key[j] = load16(block + t * HD + 16 * j);
+                typename Vec::Reg key[kChunks];
+                for (int64_t j = 0; j < kChunks; j++) key[j] = Vec::load(block + t * HD + W * j);
                 for (int64_t g = 0; g < group; g++) {
                     const float* qg = qf + g * HD;
-                    __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(qg), key[0]);
+                    typename Vec::Reg sum = Vec::mul(Vec::load(qg), key[0]);
                     for (int64_t j = 1; j < kChunks; j++)
-                        sum = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * j), key[j], sum);
-                    scores[g * length + t0 + t] = round_to<T>(_mm512_reduce_add_ps(sum)) * scale;
+                        sum = Vec::fmadd(Vec::load(qg + W * j), key[j], sum);
+                    scores[g * length + t0 + t] = round_to<T>(Vec::sum(sum)) * scale;
                 }
             }
         }
@@ -139,8 +174,8 @@ struct Avx512Passes {
     static void values(const T* v_head, const int64_t* table, int64_t length, int64_t bs,
                        int64_t, const float* p, int64_t group, float*, float* acc) {
         for (int64_t g = 0; g < group; g++) {
-            __m512 sum[kChunks];
-            for (int64_t j = 0; j < kChunks; j++) sum[j] = _mm512_setzero_ps();
+            typename Vec::Reg sum[kChunks];
+            for (int64_t j = 0; j < kChunks; j++) sum[j] = Vec::zero();
             const float* pg = p + g * length;
             for (int64_t t0 = 0; t0 < length; t0 += bs) {
                 const T* block = v_head + table[t0 / bs] * bs * HD;
@@ -148,18 +183,18 @@ struct Avx512Passes {
                 if (g == 0 && t0 + bs < length)
                     prefetch_block(v_head + table[t0 / bs + 1] * bs * HD, bs * HD);
                 for (int64_t t = 0; t < n; t++) {
-                    const __m512 weight = _mm512_set1_ps(pg[t0 + t]);
+                    const typename Vec::Reg weight = Vec::splat(pg[t0 + t]);
                     for (int64_t j = 0; j < kChunks; j++)
-                        sum[j] = _mm512_fmadd_ps(weight, load16(block + t * HD + 16 * j), sum[j]);
+                        sum[j] = Vec::fmadd(weight, Vec::load(block + t * HD + W * j), sum[j]);
                 }
             }
-            for (int64_t j = 0; j < kChunks; j++) _mm512_storeu_ps(acc + g * HD + 16 * j, sum[j]);
+            for (int64_t j = 0; j < kChunks; j++) Vec::store(acc + g * HD + W * j, sum[j]);
         }
     }
 };
 
 template <typename T, int64_t HD>
-using FastPasses = Avx512Passes<T, HD>;
+using FastPasses = SimdPasses<T, HD>;
 #else
 template <typename T, int64_t HD>
 using FastPasses = Passes<T, HD>;

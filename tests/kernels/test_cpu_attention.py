@@ -1,6 +1,7 @@
 """The hand-written decode attention (kernels/cpu_attention.cpp through kernels/cpu_attention.py)
 against the eager path it replaces (gather each row's blocks, then `decode_matmul`) and a float64
-oracle, on the AVX-512 build this machine gets and on the portable build (-mno-avx512f)."""
+oracle, on the build this machine gets (AVX-512 or AVX2 registers) and on the other builds:
+AVX2 (-mno-avx512f) and portable C (-mno-avx512f -mno-avx2)."""
 
 from __future__ import annotations
 
@@ -110,8 +111,11 @@ def test_matches_the_eager_path_and_the_oracle(shape: tuple[int, int, int, int],
         assert ours <= theirs * 1.5 + 1e-3
 
 
-def test_the_portable_build_matches_the_avx512_build(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    portable = NativePagedDecode(build(tmp_path, SOURCE, ("-mno-avx512f",)))
+@pytest.mark.parametrize(
+    "flags", [("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2")], ids=["avx2", "portable"]
+)
+def test_the_other_builds_match_this_machines(tmp_path, flags) -> None:  # type: ignore[no-untyped-def]
+    portable = NativePagedDecode(build(tmp_path, SOURCE, flags))
     for dtype in (torch.float32, torch.bfloat16):
         q, k_cache, v_cache, tables, lengths = _case(
             rows=7, heads=12, kv_heads=4, head_dim=64, block_size=16, dtype=dtype, seed=3
