@@ -47,8 +47,9 @@ class EngineConfig:
     # has it, float32 where a start-up timing finds it faster: engine/packed_linear.py); off:
     # plain F.linear, the reference.
     prepack_weights: bool = True
-    # CPU: each layer's RMSNorm (with its residual add), RoPE (with the K/V cache write) and
-    # SiLU-times-up by fused C++ kernels (kernels/cpu_layer.py); off: PyTorch operators.
+    # CPU: each layer's RMSNorm (with its residual add), RoPE (with the K/V cache write),
+    # SiLU-times-up and (where timed faster than SDPA) the causal softmax of prefill attention by
+    # fused C++ kernels (kernels/cpu_layer.py); off: PyTorch operators and SDPA.
     fused_layer_ops: bool = True
     compile_cache_dir: str | None = None
     max_queue_len: int = 4096

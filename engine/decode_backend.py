@@ -12,11 +12,11 @@ included). On CUDA the fused kernel is used.
 from __future__ import annotations
 
 import logging
-import time
 
 import torch
 
 from engine.attention import AttentionMetadata, DecodeBackend, decode_attention
+from engine.timing import best_time
 from kernels.cpu_attention import native_paged_decode
 from kernels.cpu_native import NativeBuildError
 
@@ -108,10 +108,4 @@ def _best_time(
         )
         decode_attention(query, k_cache, v_cache, meta, query.shape[-1] ** -0.5)
 
-    run()  # warm-up: first calls allocate and pick kernels
-    best = float("inf")
-    for _ in range(_REPEATS):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return best_time(run, _REPEATS)

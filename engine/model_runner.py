@@ -18,6 +18,7 @@ from engine.decode_backend import choose_decode_backend
 from engine.models.hf_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.outputs import ScheduledSeq, SchedulerOutput
+from engine.prefill_backend import choose_prefill_softmax
 from engine.scheduler import adapter_of
 from engine.sequence import Sequence
 from kernels.cpu_layer import NativeLayer, native_layer
@@ -83,8 +84,17 @@ class ModelRunner:
             dtype=dtype,
             device=device,
         )
-        if fused_layer_ops and device.type == "cpu":
-            model.use_layer_ops(_native_layer())
+        native = _native_layer() if fused_layer_ops and device.type == "cpu" else None
+        if native is not None:
+            model.use_layer_ops(native)
+        self.prefill_softmax = choose_prefill_softmax(
+            native,
+            num_heads=config.num_heads,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            dtype=dtype,
+            device=device,
+        )
         self.config = config
         self.block_size = block_size
         self.device = device
@@ -159,6 +169,7 @@ class ModelRunner:
             decode_lengths=[item.seq.num_computed_tokens + 1 for item in decodes],
             prefills=[],
             decode_backend=self.decode_backend,
+            prefill_softmax=self.prefill_softmax,
         )
         start = len(decodes)
         for item in prefills:

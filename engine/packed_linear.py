@@ -19,12 +19,13 @@ so the plain weight is dropped and memory does not double.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.timing import best_time
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
@@ -66,13 +67,7 @@ def packing_pays(model: nn.Module, dtype: torch.dtype) -> tuple[bool, str]:
 
 
 def _best_of(op: Callable[..., object], *args: object) -> float:
-    op(*args)  # first call: oneDNN builds its kernel
-    best = float("inf")
-    for _ in range(_REPEATS):
-        start = time.perf_counter()
-        op(*args)
-        best = min(best, time.perf_counter() - start)
-    return best
+    return best_time(lambda: op(*args), _REPEATS)
 
 
 class PackedLinear(nn.Module):

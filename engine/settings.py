@@ -76,8 +76,9 @@ class EngineSettings(BaseModel):
     )
     fused_layer_ops: bool = Field(
         default=True,
-        description="CPU: run each layer's norms, RoPE with the K/V cache write, and SiLU by "
-        "fused C++ kernels built at start; off: PyTorch operators (the reference)",
+        description="CPU: run each layer's norms, RoPE with the K/V cache write, SiLU and (where "
+        "a start-up timing finds it faster than SDPA) prefill attention's softmax by fused C++ "
+        "kernels built at start; off: PyTorch operators and SDPA (the reference)",
     )
     compile_cache_dir: str | None = Field(
         default=None,

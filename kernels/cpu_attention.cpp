@@ -31,9 +31,9 @@
 namespace {
 
 using loragate::BFloat16;
-using loragate::exp_nonpositive;
 using loragate::from_float;
 using loragate::round_to;
+using loragate::softmax_unnormalised;
 using loragate::to_float;
 
 struct Shape {
@@ -220,16 +220,7 @@ void attend_one(const T* q, const T* k_cache, const T* v_cache, const int64_t* t
               scores);
     for (int64_t g = 0; g < group; g++) {  // softmax, then p as the dtype would hold it
         float* sg = scores + g * length;
-        float top = sg[0];
-#pragma omp simd reduction(max : top)
-        for (int64_t t = 1; t < length; t++) top = sg[t] > top ? sg[t] : top;
-        float total = 0.f;
-#pragma omp simd reduction(+ : total)
-        for (int64_t t = 0; t < length; t++) {
-            sg[t] = exp_nonpositive(sg[t] - top);
-            total += sg[t];
-        }
-        const float inv = 1.f / total;
+        const float inv = softmax_unnormalised(sg, length);
 #pragma omp simd
         for (int64_t t = 0; t < length; t++) sg[t] = round_to<T>(sg[t] * inv);
     }

@@ -19,9 +19,15 @@
 //                  the dtype, each product and the sum rounded), then k and v written to the
 //                  paged cache at each token's slot
 //   silu_mul:      out = round(round(silu(gate)) * up)
+//   causal_softmax: in place over a prefill chunk's scores (query row t of a chunk whose first
+//                  token sits at position `offset` sees keys 0 .. offset + t), as the decode
+//                  kernel (kernels/cpu_attention.cpp) and engine/attention.py's decode_matmul
+//                  do it: s = score * scale, p = round(exp(s - max) * (1 / sum)), 0 beyond
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "cpu_bf16.h"
 #include "cpu_math.h"
@@ -32,6 +38,7 @@ using loragate::BFloat16;
 using loragate::exp_nonpositive;
 using loragate::from_float;
 using loragate::round_to;
+using loragate::softmax_unnormalised;
 using loragate::to_float;
 
 constexpr int64_t kLanes = 8;
@@ -141,6 +148,28 @@ void silu_mul(const T* gate_up, int64_t stride, T* out, int64_t out_stride, int6
     }
 }
 
+// Rows are [num_heads_in_groups x query_len] of `cols` keys, rows of one head's chunk in order.
+template <typename T>
+void causal_softmax(T* scores, int64_t rows, int64_t cols, int64_t query_len, int64_t offset,
+                    float scale, int64_t threads) {
+#pragma omp parallel num_threads(threads) if (rows * cols > 16384)
+    {
+        std::vector<float> buffer(static_cast<size_t>(cols));
+        float* s = buffer.data();
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            T* row = scores + r * cols;
+            const int64_t seen = std::min(cols, offset + r % query_len + 1);
+#pragma omp simd
+            for (int64_t j = 0; j < seen; ++j) s[j] = to_float(row[j]) * scale;
+            const float inv = softmax_unnormalised(s, seen);
+#pragma omp simd
+            for (int64_t j = 0; j < seen; ++j) row[j] = from_float<T>(s[j] * inv);
+            for (int64_t j = seen; j < cols; ++j) row[j] = from_float<T>(0.f);
+        }
+    }
+}
+
 }  // namespace
 
 #define LORAGATE_LAYER_ENTRIES(T, suffix)                                                         \
@@ -165,6 +194,11 @@ void silu_mul(const T* gate_up, int64_t stride, T* out, int64_t out_stride, int6
                                       int64_t out_stride, int64_t rows, int64_t width,            \
                                       int64_t threads) {                                          \
         silu_mul(gate_up, stride, out, out_stride, rows, width, threads);                         \
+    }                                                                                             \
+    extern "C" void causal_softmax_##suffix(T* scores, int64_t rows, int64_t cols,                \
+                                            int64_t query_len, int64_t offset, float scale,       \
+                                            int64_t threads) {                                    \
+        causal_softmax(scores, rows, cols, query_len, offset, scale, threads);                    \
     }
 
 LORAGATE_LAYER_ENTRIES(BFloat16, bf16)

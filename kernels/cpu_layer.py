@@ -1,5 +1,6 @@
 """A decoder layer's element-wise work fused into single calls (kernels/cpu_layer.cpp): RMSNorm
-with the residual add before it, RoPE with the K/V cache write after it, SiLU times up.
+with the residual add before it, RoPE with the K/V cache write after it, SiLU times up; and
+the causal softmax between a prefill chunk's two attention matmuls (engine/attention.py).
 
 `NativeLayer` computes what the eager PyTorch operators in engine/models/ compute (the .cpp file
 states each), for bfloat16 and float32 CPU tensors whose rows are contiguous; `supports` says
@@ -30,6 +31,7 @@ _SIGNATURES = {
     "add_rms_norm": ([_P, _I, _P, _I, _I, _P, _P, _I, _I, _I, _F, _I], None),
     "rope_kv": ([_P, _I, _P, _I, _P, _I, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P, _I, _P, _I], _I),
     "silu_mul": ([_P, _I, _P, _I, _I, _I, _I], None),
+    "causal_softmax": ([_P, _I, _I, _I, _I, _F, _I], None),
 }
 
 
@@ -150,6 +152,26 @@ class NativeLayer:
             torch.get_num_threads(),
         )
         return out
+
+    def causal_softmax(
+        self, scores: torch.Tensor, *, query_len: int, offset: int, scale: float
+    ) -> None:
+        """In place over [rows, keys] contiguous scores of a prefill chunk: rows are query heads
+        by the chunk's `query_len` queries, query t of each head seeing keys 0 .. offset + t
+        (offset: tokens cached before the chunk); probabilities rounded to the dtype, 0 beyond."""
+        if scores.dim() != 2 or not scores.is_contiguous() or scores.shape[0] % query_len:
+            raise ValueError("causal_softmax needs contiguous [heads * query_len, keys] scores")
+        if offset + query_len > scores.shape[1]:
+            raise ValueError("causal_softmax: the chunk's last query sees past the keys")
+        self._entries["causal_softmax", scores.dtype](
+            scores.data_ptr(),
+            scores.shape[0],
+            scores.shape[1],
+            query_len,
+            offset,
+            scale,
+            torch.get_num_threads(),
+        )
 
 
 @functools.cache

@@ -31,4 +31,19 @@ inline float exp_nonpositive(float x) {
     return p * scale * keep;
 }
 
+// The softmax of s[0, n), n >= 1, but for its last multiply: s[j] = exp(s[j] - max) in place,
+// and 1 / their sum returned. The attention kernels scale by it and round as their dtype holds.
+inline float softmax_unnormalised(float* s, int64_t n) {
+    float top = s[0];
+#pragma omp simd reduction(max : top)
+    for (int64_t j = 1; j < n; j++) top = s[j] > top ? s[j] : top;
+    float total = 0.f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t j = 0; j < n; j++) {
+        s[j] = exp_nonpositive(s[j] - top);
+        total += s[j];
+    }
+    return 1.f / total;
+}
+
 }  // namespace loragate

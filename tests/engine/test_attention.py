@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import pytest
 import torch
 
-from engine.attention import AttentionMetadata, PrefillSegment, paged_attention
+from engine import prefill_backend
+from engine.attention import AttentionMetadata, PrefillSegment, paged_attention, prefill_matmul
 from engine.config import EngineConfig
 from engine.decode_backend import choose_decode_backend
+from engine.prefill_backend import choose_prefill_softmax
+from kernels.cpu_layer import native_layer
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 8, 4
 NUM_BLOCKS = 64
@@ -76,25 +80,64 @@ def test_decode_rows_of_very_different_lengths_match_naive_attention(backend: st
         torch.testing.assert_close(out[row : row + 1].double(), want, atol=1e-5, rtol=1e-5)
 
 
-def test_prefill_chunk_after_cached_context_matches_naive_attention() -> None:
+@pytest.mark.parametrize("cached", [0, 9], ids=["fresh-prompt", "after-cached-context"])
+@pytest.mark.parametrize("form", ["sdpa", "matmul"])
+def test_prefill_chunk_matches_naive_attention(form: str, cached: int) -> None:
     rng, gen = random.Random(1), torch.Generator().manual_seed(1)
     (table,) = _tables([23], rng)
     k, v = torch.randn(2, 23, KV_HEADS, HEAD_DIM, generator=gen)
     k_cache = torch.zeros(KV_HEADS, NUM_BLOCKS * BLOCK, HEAD_DIM)
     v_cache = torch.zeros_like(k_cache)
-    cached = _slots(table, 0, 9)
-    k_cache[:, cached], v_cache[:, cached] = k[:9].transpose(0, 1), v[:9].transpose(0, 1)
-    q = torch.randn(14, HEADS, HEAD_DIM, generator=gen)  # positions 9..22
+    if cached:
+        earlier = _slots(table, 0, cached)
+        k_cache[:, earlier] = k[:cached].transpose(0, 1)
+        v_cache[:, earlier] = v[:cached].transpose(0, 1)
+    q = torch.randn(23 - cached, HEADS, HEAD_DIM, generator=gen)  # positions cached..22
+    context = _slots(table, 0, 23) if cached else None
     meta = AttentionMetadata(
-        slot_mapping=_slots(table, 9, 23),
+        slot_mapping=_slots(table, cached, 23),
         num_decodes=0,
         block_size=BLOCK,
         decode_tables=None,
         decode_lengths=[],
-        prefills=[PrefillSegment(0, 14, 9, _slots(table, 0, 23))],
+        prefills=[PrefillSegment(0, 23 - cached, cached, context)],
+        prefill_softmax=native_layer() if form == "matmul" else None,
     )
-    out = paged_attention(q, k[9:], v[9:], k_cache, v_cache, meta, HEAD_DIM**-0.5)
-    torch.testing.assert_close(out.double(), _naive(q, k, v, causal_from=9), atol=1e-5, rtol=1e-5)
+    out = paged_attention(q, k[cached:], v[cached:], k_cache, v_cache, meta, HEAD_DIM**-0.5)
+    want = _naive(q, k, v, causal_from=cached)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_matmul_in_bfloat16_stays_within_rounding() -> None:
+    # scores and probabilities rounded to bf16 between the ops (transformers' eager attention)
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(40, HEADS, HEAD_DIM, generator=gen)
+    k, v = torch.randn(2, 40, KV_HEADS, HEAD_DIM, generator=gen)
+    empty = torch.empty(KV_HEADS, 0, HEAD_DIM, dtype=torch.bfloat16)
+    out = prefill_matmul(
+        q.bfloat16(), k.bfloat16(), v.bfloat16(), empty, empty,
+        PrefillSegment(0, 40, 0, None), HEAD_DIM**-0.5, native_layer(),
+    )  # fmt: skip
+    want = _naive(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float(), causal_from=0)
+    torch.testing.assert_close(out.double(), want, atol=3e-2, rtol=3e-2)
+
+
+def test_prefill_form_is_chosen_by_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    dims = {"num_heads": HEADS, "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM}
+    cpu, native = torch.device("cpu"), native_layer()
+    # no native kernels, or a dtype they lack: SDPA without timing anything
+    assert choose_prefill_softmax(None, dtype=torch.float32, device=cpu, **dims) is None
+    assert choose_prefill_softmax(native, dtype=torch.float16, device=cpu, **dims) is None
+
+    def slow(*args: object) -> object:
+        time.sleep(0.01)
+        return None
+
+    monkeypatch.setattr(prefill_backend, "prefill_matmul", slow)
+    assert choose_prefill_softmax(native, dtype=torch.float32, device=cpu, **dims) is None
+    monkeypatch.undo()
+    monkeypatch.setattr(prefill_backend, "prefill_sdpa", slow)
+    assert choose_prefill_softmax(native, dtype=torch.float32, device=cpu, **dims) is native
 
 
 def test_the_backend_choice() -> None:

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from kernels.cpu_layer import native_layer
 from tests.engine.engine_helpers import (
     FAST_TOLERANCE,
     REFERENCE_TOLERANCE,
@@ -58,29 +59,41 @@ def transformers_reference(model_dir, key, prompts):  # type: ignore[no-untyped-
 
 
 @pytest.mark.parametrize(
-    "family, tie, budget, enforce_eager, decode_attention, fast",
+    "family, tie, budget, enforce_eager, decode_attention, fast, prefill_matmul",
     [
         # eager steps, decode attention by the C++ kernel that reads the paged cache in place,
         # each layer's norms, RoPE and SiLU by the fused C++ kernels, weights packed where that
         # pays (the defaults)
-        ("llama", False, 2048, True, "native", True),
-        ("llama", False, 64, True, "native", True),
-        ("qwen2", False, 64, True, "native", True),
-        ("qwen3", False, 64, True, "native", True),
-        ("llama", True, 64, True, "native", True),
+        ("llama", False, 2048, True, "native", True, False),
+        ("llama", False, 64, True, "native", True, False),
+        # ... prefill chunks by two matmuls around the native causal softmax, whatever the
+        # start-up timing chose (fresh prompts at budget 2048, chunks after context at 64)
+        ("llama", False, 2048, True, "native", True, True),
+        ("qwen2", False, 64, True, "native", True, True),
+        ("qwen2", False, 64, True, "native", True, False),
+        ("qwen3", False, 64, True, "native", True, False),
+        ("llama", True, 64, True, "native", True, False),
         # ... decode attention by the gathering backends, the reference layers
-        ("llama", False, 64, True, "matmul", False),
-        ("qwen3", False, 64, True, "sdpa", False),
+        ("llama", False, 64, True, "matmul", False, False),
+        ("qwen3", False, 64, True, "sdpa", False, False),
         # The compiled decode path (engine/compile_decode.py): decode-only steps compiled,
         # steps with a prefill chunk eager, one KV cache shared by both.
         # (native: the C++ kernel an opaque operator in the graph; matmul: paged_decode.py)
-        ("llama", False, 2048, False, "native", True),
-        ("qwen2", False, 64, False, "matmul", True),
-        ("qwen3", False, 64, False, "native", False),
+        ("llama", False, 2048, False, "native", True, False),
+        ("qwen2", False, 64, False, "matmul", True, False),
+        ("qwen3", False, 64, False, "native", False, False),
     ],
 )
 def test_greedy_parity_with_transformers(
-    model_factory, tmp_path_factory, family, tie, budget, enforce_eager, decode_attention, fast
+    model_factory,
+    tmp_path_factory,
+    family,
+    tie,
+    budget,
+    enforce_eager,
+    decode_attention,
+    fast,
+    prefill_matmul,
 ):
     assert len(LENGTHS) == NUM_PROMPTS
     model_dir = model_factory(family=family, tie=tie)
@@ -99,6 +112,8 @@ def test_greedy_parity_with_transformers(
         )
     )
     assert (engine.runner.model.layer_ops.native is not None) == fast
+    if prefill_matmul:
+        engine.runner.prefill_softmax = native_layer()
     tolerance = FAST_TOLERANCE if fast else REFERENCE_TOLERANCE
     num_compiled = count_compiled_steps(engine)
     prompts = random_prompts(seed=1234, lengths=LENGTHS, vocab=engine.vocab_size)

@@ -127,3 +127,31 @@ def test_layer_ops_fall_back_where_the_kernels_do_not_apply() -> None:
     want_q, want_k = apply_rotary(q, k, rotary.cos_sin())
     assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
     assert torch.equal(cache[0][:, 5:7], want_k.transpose(0, 1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("query_len", "offset"), [(1, 0), (9, 0), (7, 5), (300, 0)])
+def test_causal_softmax_matches_the_operators(
+    dtype: torch.dtype, query_len: int, offset: int
+) -> None:
+    # what decode_matmul's operators do to scores, with the causal mask of a prefill chunk
+    gen = torch.Generator().manual_seed(query_len)
+    heads, keys = 3, offset + query_len
+    scores = (torch.randn(heads * query_len, keys, generator=gen) * 4).to(dtype)
+    query = torch.arange(heads * query_len) % query_len
+    hidden = torch.arange(keys)[None, :] > (offset + query)[:, None]
+    want = scores.float().mul(0.125).masked_fill(hidden, float("-inf")).softmax(-1).to(dtype)
+    got = scores.clone()
+    native_layer().causal_softmax(got, query_len=query_len, offset=offset, scale=0.125)
+    assert torch.equal(got[hidden], torch.zeros_like(got[hidden]))  # nothing seen ahead
+    # the exp is a polynomial, PyTorch's its own: an ulp apart at most
+    tol = {"atol": 8e-3, "rtol": 8e-3} if dtype == torch.bfloat16 else {"atol": 1e-6, "rtol": 1e-5}
+    torch.testing.assert_close(got, want, **tol)
+
+
+def test_causal_softmax_refuses_a_chunk_that_sees_past_its_keys() -> None:
+    scores = torch.zeros(8, 5)
+    with pytest.raises(ValueError, match="past the keys"):
+        native_layer().causal_softmax(scores, query_len=4, offset=2, scale=1.0)
+    with pytest.raises(ValueError, match="contiguous"):
+        native_layer().causal_softmax(scores[:, :4], query_len=4, offset=0, scale=1.0)

@@ -1,0 +1,60 @@
+"""Pick how prefill chunks attend, once, at start-up, by timing both on this machine.
+
+SDPA's flash kernel, or two matmuls around the native causal softmax (engine/attention.py
+`prefill_matmul`, the form decode attention already takes). On a 2-core AVX512-BF16 AMD EPYC
+(no AMX) in bf16 the matmuls took 0.51 ms for the timed 256-token chunk against SDPA's 1.25;
+in float32 the two were near a tie (1.24 vs 1.37). Where bf16 matmuls are slow (no oneDNN bf16,
+an AVX2 CPU) SDPA may win outright, and on CUDA SDPA is used. Both compute causal attention with a float32 softmax; the matmul form rounds scores
+and probabilities to the dtype between ops, as transformers' eager attention does.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.attention import PrefillSegment, prefill_matmul, prefill_sdpa
+from engine.timing import best_time
+from kernels.cpu_layer import NativeLayer
+
+log = logging.getLogger(__name__)
+
+# The timed problem: one fresh chunk of this many tokens, a few repeats, best of.
+_CHUNK, _REPEATS = 256, 3
+# The matmul form must be clearly faster: a near tie keeps SDPA (float32 here: 1.24 vs 1.37 ms).
+_MIN_GAIN = 1.2
+
+
+def choose_prefill_softmax(
+    native: NativeLayer | None,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> NativeLayer | None:
+    """`native` where the matmul form is faster for this model's shapes, else None (SDPA)."""
+    if native is None or device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
+        return None
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(_CHUNK, num_heads, head_dim, generator=gen).to(dtype)
+    k = torch.randn(_CHUNK, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(_CHUNK, num_kv_heads, head_dim, generator=gen).to(dtype)
+    cache = torch.empty(num_kv_heads, 0, head_dim, dtype=dtype)  # unread: nothing cached
+    seg = PrefillSegment(0, _CHUNK, 0, None)
+    scale = head_dim**-0.5
+    timings = {
+        "matmul": best_time(
+            lambda: prefill_matmul(q, k, v, cache, cache, seg, scale, native), _REPEATS
+        ),
+        "sdpa": best_time(lambda: prefill_sdpa(q, k, v, cache, cache, seg, scale), _REPEATS),
+    }
+    chosen = "matmul" if timings["matmul"] * _MIN_GAIN <= timings["sdpa"] else "sdpa"
+    log.info(
+        "prefill attention: %s (%s for a %d-token chunk, %s)",
+        chosen, ", ".join(f"{name} {1e3 * t:.2f} ms" for name, t in timings.items()),
+        _CHUNK, dtype,
+    )  # fmt: skip
+    return native if chosen == "matmul" else None
