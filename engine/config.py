@@ -39,6 +39,9 @@ class EngineConfig:
     # Decode attention: "auto" times the backends at start-up on this machine (CPU; CUDA uses
     # SDPA), or "native" / "matmul" / "sdpa" (engine/decode_backend.py).
     decode_attention: str = "auto"
+    # Prefill attention on the CPU: "auto" times SDPA against two matmuls around the fused
+    # causal softmax at start-up (engine/prefill_backend.py), or "sdpa" / "matmul".
+    prefill_attention: str = "auto"
     # Decode-only steps of the base model run a torch.compile'd forward (engine/compile_decode.py)
     # unless enforce_eager; inductor caches its artefacts in compile_cache_dir (None: its default
     # under the system's temporary directory), so a restart loads instead of compiling.
@@ -83,6 +86,11 @@ class EngineConfig:
             raise ValueError(
                 "decode_attention must be 'auto', 'matmul', 'sdpa' or 'native', "
                 f"got {self.decode_attention!r}"
+            )
+        if self.prefill_attention not in ("auto", "sdpa", "matmul"):
+            raise ValueError(
+                "prefill_attention must be 'auto', 'sdpa' or 'matmul', "
+                f"got {self.prefill_attention!r}"
             )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be >= 1")

@@ -106,6 +106,7 @@ class LLMEngine:
             device=self.device,
             lora=self.lora,
             decode_attention=config.decode_attention,
+            prefill_attention=config.prefill_attention,
             compile_decode=not config.enforce_eager,
             fused_layer_ops=config.fused_layer_ops,
             max_num_seqs=config.max_num_seqs,

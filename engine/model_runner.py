@@ -69,6 +69,7 @@ class ModelRunner:
         device: torch.device,
         lora: LoRAManager | None = None,
         decode_attention: str = "auto",
+        prefill_attention: str = "auto",
         compile_decode: bool = False,
         fused_layer_ops: bool = False,
         max_num_seqs: int = 64,
@@ -88,6 +89,7 @@ class ModelRunner:
         if native is not None:
             model.use_layer_ops(native)
         self.prefill_softmax = choose_prefill_softmax(
+            prefill_attention,
             native,
             num_heads=config.num_heads,
             num_kv_heads=config.num_kv_heads,

@@ -24,9 +24,11 @@ log = logging.getLogger(__name__)
 _CHUNK, _REPEATS = 256, 3
 # The matmul form must be clearly faster: a near tie keeps SDPA (float32 here: 1.24 vs 1.37 ms).
 _MIN_GAIN = 1.2
+FORMS: tuple[str, ...] = ("auto", "sdpa", "matmul")
 
 
 def choose_prefill_softmax(
+    requested: str,
     native: NativeLayer | None,
     *,
     num_heads: int,
@@ -35,9 +37,25 @@ def choose_prefill_softmax(
     dtype: torch.dtype,
     device: torch.device,
 ) -> NativeLayer | None:
-    """`native` where the matmul form is faster for this model's shapes, else None (SDPA)."""
-    if native is None or device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
+    """The softmax kernel for the matmul form, or None for SDPA. `requested` "auto" times both
+    (the matmul form only where it is clearly faster for this model's shapes); "sdpa" and
+    "matmul" pin the form, as tests that compare two engines token for token need (a timing
+    taken on a loaded machine can pick either, and the two round differently in bf16)."""
+    if requested not in FORMS:
+        raise ValueError(f"prefill_attention must be one of {FORMS}, got {requested!r}")
+    usable = (
+        native is not None and device.type == "cpu" and dtype in (torch.bfloat16, torch.float32)
+    )
+    if requested == "matmul":
+        if not usable:
+            raise ValueError(
+                "prefill_attention 'matmul' needs fused_layer_ops on a CPU and bf16 or fp32, "
+                f"got {dtype} on {device.type}"
+            )
+        return native
+    if requested == "sdpa" or not usable:
         return None
+    assert native is not None
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(_CHUNK, num_heads, head_dim, generator=gen).to(dtype)
     k = torch.randn(_CHUNK, num_kv_heads, head_dim, generator=gen).to(dtype)

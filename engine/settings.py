@@ -64,6 +64,11 @@ class EngineSettings(BaseModel):
         description="decode attention backend; auto times them at start-up (CPU): native (reads "
         "the paged cache in place), matmul or sdpa (after gathering)",
     )
+    prefill_attention: Literal["auto", "sdpa", "matmul"] = Field(
+        default="auto",
+        description="prefill attention backend; auto times them at start-up (CPU): sdpa, or "
+        "matmul (two matmuls around a fused causal softmax; needs fused_layer_ops)",
+    )
     enforce_eager: bool = Field(
         default=True,
         description="run every step eager; off: decode-only steps run a torch.compile'd forward "
@@ -135,6 +140,7 @@ class EngineSettings(BaseModel):
             aging_steps=self.aging_steps,
             enable_prefix_caching=self.enable_prefix_caching,
             decode_attention=self.decode_attention,
+            prefill_attention=self.prefill_attention,
             enforce_eager=self.enforce_eager,
             prepack_weights=self.prepack_weights,
             fused_layer_ops=self.fused_layer_ops,

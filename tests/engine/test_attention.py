@@ -126,18 +126,34 @@ def test_prefill_form_is_chosen_by_timing(monkeypatch: pytest.MonkeyPatch) -> No
     dims = {"num_heads": HEADS, "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM}
     cpu, native = torch.device("cpu"), native_layer()
     # no native kernels, or a dtype they lack: SDPA without timing anything
-    assert choose_prefill_softmax(None, dtype=torch.float32, device=cpu, **dims) is None
-    assert choose_prefill_softmax(native, dtype=torch.float16, device=cpu, **dims) is None
+    assert choose_prefill_softmax("auto", None, dtype=torch.float32, device=cpu, **dims) is None
+    assert choose_prefill_softmax("auto", native, dtype=torch.float16, device=cpu, **dims) is None
 
     def slow(*args: object) -> object:
         time.sleep(0.01)
         return None
 
     monkeypatch.setattr(prefill_backend, "prefill_matmul", slow)
-    assert choose_prefill_softmax(native, dtype=torch.float32, device=cpu, **dims) is None
+    assert choose_prefill_softmax("auto", native, dtype=torch.float32, device=cpu, **dims) is None
+    # pinned: no timing decides (the slow form is kept when asked for)
+    assert (
+        choose_prefill_softmax("matmul", native, dtype=torch.float32, device=cpu, **dims) is native
+    )
     monkeypatch.undo()
     monkeypatch.setattr(prefill_backend, "prefill_sdpa", slow)
-    assert choose_prefill_softmax(native, dtype=torch.float32, device=cpu, **dims) is native
+    assert choose_prefill_softmax("auto", native, dtype=torch.float32, device=cpu, **dims) is native
+    assert choose_prefill_softmax("sdpa", native, dtype=torch.float32, device=cpu, **dims) is None
+
+
+def test_a_pinned_prefill_form_is_checked() -> None:
+    dims = {"num_heads": HEADS, "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM}
+    cpu, native = torch.device("cpu"), native_layer()
+    with pytest.raises(ValueError, match="prefill_attention 'matmul' needs fused_layer_ops"):
+        choose_prefill_softmax("matmul", None, dtype=torch.float32, device=cpu, **dims)
+    with pytest.raises(ValueError, match="prefill_attention"):
+        choose_prefill_softmax("flash", native, dtype=torch.float32, device=cpu, **dims)
+    with pytest.raises(ValueError, match="prefill_attention"):
+        EngineConfig(model="m", prefill_attention="flash")
 
 
 def test_the_backend_choice() -> None:

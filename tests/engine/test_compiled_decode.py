@@ -38,6 +38,7 @@ def _engine(
             max_num_batched_tokens=96,
             enforce_eager=enforce_eager,
             decode_attention=decode_attention,
+            prefill_attention="sdpa",  # prefill runs eager in both: the same form, not a timing
             # the compiled graph takes plain weights: the eager engine too, so the two differ by
             # the compile alone (packed float32 sums in another order: bench/RESULTS.md)
             prepack_weights=False,

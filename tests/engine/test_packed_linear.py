@@ -67,10 +67,14 @@ def test_packing_pays_times_float32_and_always_packs_bf16() -> None:
 
 
 def _engine(model_dir: Path, *, prepack: bool, dtype: str = "bfloat16") -> LLMEngine:
+    # Attention forms pinned: timed at start-up on a loaded machine, two engines could pick
+    # different ones, which round differently in bf16 and can flip a near-tie token.
     return LLMEngine(
         EngineConfig(
             model=str(model_dir),
             dtype=dtype,
+            decode_attention="matmul",
+            prefill_attention="sdpa",
             num_kv_blocks=256,
             max_num_seqs=16,
             max_num_batched_tokens=128,
