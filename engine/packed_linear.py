@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.timing import best_time
+from kernels.cpu_gemv import MAX_ROWS as GEMV_ROWS
+from kernels.cpu_gemv import NativeGemv
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
@@ -71,7 +73,9 @@ def _best_of(op: Callable[..., object], *args: object) -> float:
 
 
 class PackedLinear(nn.Module):
-    """y = x W^T + b with W held in oneDNN's packed layout (opaque: no `.weight`)."""
+    """y = x W^T + b with W held in oneDNN's packed layout (opaque: no `.weight`); with
+    `use_gemv`, inputs of 1-4 rows go to the hand-written kernel over its own copy of W
+    (engine/decode_gemv.py decides where that pays)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -80,10 +84,27 @@ class PackedLinear(nn.Module):
         # No batch-size hint: one packing serves decode (a few rows) and prefill (thousands).
         packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.register_buffer("packed_weight", packed, persistent=False)
+        self.packed_weight: torch.Tensor
         bias = None if linear.bias is None else linear.bias.detach()
         self.register_buffer("bias", bias, persistent=False)
+        self.bias: torch.Tensor | None
+        # The small-row kernel and its copy of the weight in its layout (use_gemv), or None.
+        self.gemv: tuple[NativeGemv, torch.Tensor] | None = None
+
+    def use_gemv(self, kernel: NativeGemv | None) -> None:
+        """Run 1-4 rows by `kernel` over a copy of the weight in its layout (None: drop it)."""
+        if kernel is not None and self.bias is not None and self.bias.dtype is not torch.bfloat16:
+            raise ValueError(f"gemv adds a bf16 bias, this layer's is {self.bias.dtype}")
+        self.gemv = None if kernel is None else (kernel, kernel.pack(self.weight()))
+
+    def weight(self) -> torch.Tensor:
+        """The plain [out, in] weight, unpacked (a copy)."""
+        return self.packed_weight.to_dense()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, in_features]
+        if self.gemv is not None and 0 < x.shape[0] <= GEMV_ROWS:
+            kernel, weight = self.gemv
+            return kernel(x, weight, self.out_features, self.bias)
         return torch.ops.mkldnn._linear_pointwise(
             x.contiguous(), self.packed_weight, self.bias, "none", [], ""
         )

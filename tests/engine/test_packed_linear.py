@@ -75,6 +75,7 @@ def _engine(model_dir: Path, *, prepack: bool, dtype: str = "bfloat16") -> LLMEn
             dtype=dtype,
             decode_attention="matmul",
             prefill_attention="sdpa",
+            decode_gemv="off",  # oneDNN's matmuls alone: the decode-row kernel rounds its own way
             num_kv_blocks=256,
             max_num_seqs=16,
             max_num_batched_tokens=128,
