@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 MODES: tuple[str, ...] = ("auto", "on", "off")
 # The kernel must be faster by more than the timing's noise: a tie is not worth the memory.
 # (Timed alone the gain reads smaller than in a step: on the EPYC above the 49 matmuls timed
-# 1.02-1.16x faster back to back, 1.12-1.17x inside the engine's steps.)
+# 1.02-1.16x faster back to back, 1.10-1.22x inside the engine's steps.)
 _MIN_GAIN = 1.03
 _REPEATS = 7
 # The copy may take at most this share of the memory free when the engine starts.

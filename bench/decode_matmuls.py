@@ -1,0 +1,104 @@
+"""A decode step's matmuls at 1-4 rows: oneDNN's packed matmul against loragate's kernel.
+
+    python bench/decode_matmuls.py --model .cache/models/small --json bench/out/decode_matmuls.json
+
+Every linear of the model (the projections of each layer and the lm_head), packed as the engine
+packs them, run once each as a decode step runs them (each weight distinct, so each streams from
+memory): through `mkldnn::_linear_pointwise` (oneDNN, what PyTorch and vLLM's CPU backend run)
+and through kernels/cpu_gemv.cpp (engine/decode_gemv.py, the engine's choice at 1-4 rows where a
+start-up timing finds it faster). Rounds interleave the two; the median of the rounds is
+reported, with the weight bytes over that time. Needs a CPU with AVX512-BF16 (the kernel's
+instructions); elsewhere it says so and exits 0 without rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from plan import ensure_model
+from report import machine_info
+
+from engine.llm_engine import LLMEngine
+from engine.packed_linear import PackedLinear
+from engine.settings import EngineSettings
+from kernels.cpu_gemv import native_gemv
+
+ROWS = (1, 2, 4)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=Path(".cache/models/small"))
+    parser.add_argument("--threads", type=int, default=None, help="default: every core")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--quick", action="store_true", help="3 rounds")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    rounds = 3 if args.quick else args.rounds
+    if not native_gemv().available:
+        print("this CPU has no AVX512-BF16: the kernel is not built for it; nothing to compare")
+        return 0
+    model_dir = ensure_model(args.model, "tiny" if args.quick else "small")
+    settings = EngineSettings(dtype="bfloat16", threads=args.threads, decode_gemv="on")
+    engine = LLMEngine(settings.to_engine_config(model=str(model_dir)))
+    linears = [m for m in engine.runner.model.modules() if isinstance(m, PackedLinear)]
+    weight_bytes = sum(m.in_features * m.out_features * 2 for m in linears)
+    print(
+        f"{len(linears)} matmuls, {weight_bytes / 1e6:.1f} MB of bf16 weights, "
+        f"{torch.get_num_threads()} thread(s), {rounds} rounds"
+    )
+
+    results: dict[str, dict[str, float]] = {"onednn": {}, "kernel": {}}
+    for rows in ROWS:
+        inputs = {m.in_features: torch.randn(rows, m.in_features).bfloat16() for m in linears}
+
+        def onednn(inputs: dict[int, torch.Tensor] = inputs) -> None:
+            for m in linears:
+                torch.ops.mkldnn._linear_pointwise(
+                    inputs[m.in_features], m.packed_weight, m.bias, "none", [], ""
+                )
+
+        def kernel(inputs: dict[int, torch.Tensor] = inputs) -> None:
+            for m in linears:
+                m(inputs[m.in_features])  # 1-4 rows: the kernel (decode_gemv "on")
+
+        times: dict[str, list[float]] = {"onednn": [], "kernel": []}
+        onednn(), kernel()  # first calls: oneDNN builds its kernels
+        for _ in range(rounds):
+            for name, run in (("onednn", onednn), ("kernel", kernel)):
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+        for name in times:
+            results[name][str(rows)] = statistics.median(times[name]) * 1e3
+
+    header = f"{'rows':>4}  {'oneDNN ms':>10}  {'kernel ms':>10}  {'GB/s (oneDNN / kernel)':>24}"
+    print(f"\n{header}  ratio")
+    ratios = {}
+    for rows in ROWS:
+        a, b = results["onednn"][str(rows)], results["kernel"][str(rows)]
+        ratios[str(rows)] = a / b
+        rates = f"{weight_bytes / a / 1e6:.1f} / {weight_bytes / b / 1e6:.1f}"
+        print(f"{rows:>4}  {a:>10.2f}  {b:>10.2f}  {rates:>24}  {a / b:.2f}x")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        record = {
+            "ms_per_step": results,
+            "ratios": ratios,
+            "weight_bytes": weight_bytes,
+            "threads": torch.get_num_threads(),
+            "rounds": rounds,
+            "machine": machine_info(),
+        }
+        args.json.write_text(json.dumps(record, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
