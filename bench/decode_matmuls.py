@@ -1,12 +1,12 @@
-"""A decode step's matmuls at 1-4 rows: oneDNN's packed matmul against loragate's kernel.
+"""A decode step's matmuls at 1, 2 and 4 rows: oneDNN's packed matmul against loragate's kernel.
 
     python bench/decode_matmuls.py --model .cache/models/small --json bench/out/decode_matmuls.json
 
 Every linear of the model (the projections of each layer and the lm_head), packed as the engine
 packs them, run once each as a decode step runs them (each weight distinct, so each streams from
 memory): through `mkldnn::_linear_pointwise` (oneDNN, what PyTorch and vLLM's CPU backend run)
-and through kernels/cpu_gemv.cpp (engine/decode_gemv.py, the engine's choice at 1-4 rows where a
-start-up timing finds it faster). Rounds interleave the two; the median of the rounds is
+and through kernels/cpu_gemv.cpp (engine/decode_gemv.py: the engine's choice at 1-2 rows where a
+start-up timing finds it faster; 4 rows shows where it stops paying). Rounds interleave the two; the median of the rounds is
 reported, with the weight bytes over that time. Needs a CPU with AVX512-BF16 (the kernel's
 instructions); elsewhere it says so and exits 0 without rows.
 """
@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
 
         def kernel(inputs: dict[int, torch.Tensor] = inputs) -> None:
             for m in linears:
-                m(inputs[m.in_features])  # 1-4 rows: the kernel (decode_gemv "on")
+                assert m.gemv is not None  # decode_gemv "on"
+                gemv, packed = m.gemv
+                gemv(inputs[m.in_features], packed, m.out_features, m.bias)
 
         times: dict[str, list[float]] = {"onednn": [], "kernel": []}
         onednn(), kernel()  # first calls: oneDNN builds its kernels

@@ -50,7 +50,7 @@ class EngineConfig:
     # has it, float32 where a start-up timing finds it faster: engine/packed_linear.py); off:
     # plain F.linear, the reference.
     prepack_weights: bool = True
-    # CPU, bf16, packed weights: steps of 1-4 rows multiply by a hand-written AVX512-BF16 kernel
+    # CPU, bf16, packed weights: steps of 1-2 rows multiply by a hand-written AVX512-BF16 kernel
     # over a second copy of the weights (engine/decode_gemv.py): "auto" where a start-up timing
     # finds it faster and the copy fits, "on", or "off".
     decode_gemv: str = "auto"

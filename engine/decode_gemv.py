@@ -1,4 +1,4 @@
-"""Whether decode steps of 1-4 rows multiply by the hand-written kernel (kernels/cpu_gemv.py),
+"""Whether decode steps of 1-2 rows multiply by the hand-written kernel (kernels/cpu_gemv.py),
 decided once at start-up for the model's packed linears.
 
 At a few rows a step's matmuls only stream their weights, and oneDNN's call costs ~15-20 us

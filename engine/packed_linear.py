@@ -26,8 +26,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.timing import best_time
-from kernels.cpu_gemv import MAX_ROWS as GEMV_ROWS
 from kernels.cpu_gemv import NativeGemv
+
+# The kernel takes up to 4 rows, but only 1 and 2 were clearly faster than oneDNN everywhere
+# measured (2 threads: 1.09-1.16x and 1.25-1.55x; at 4 rows 0.95-1.24x, and 0.84x on one
+# thread: bench/RESULTS.md, session 11), so 3 rows and more stay on oneDNN.
+GEMV_ROWS = 2
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
@@ -74,7 +78,7 @@ def _best_of(op: Callable[..., object], *args: object) -> float:
 
 class PackedLinear(nn.Module):
     """y = x W^T + b with W held in oneDNN's packed layout (opaque: no `.weight`); with
-    `use_gemv`, inputs of 1-4 rows go to the hand-written kernel over its own copy of W
+    `use_gemv`, inputs of 1-2 rows (GEMV_ROWS) go to the hand-written kernel over its own copy of W
     (engine/decode_gemv.py decides where that pays)."""
 
     def __init__(self, linear: nn.Linear):
@@ -92,7 +96,7 @@ class PackedLinear(nn.Module):
         self.gemv: tuple[NativeGemv, torch.Tensor] | None = None
 
     def use_gemv(self, kernel: NativeGemv | None) -> None:
-        """Run 1-4 rows by `kernel` over a copy of the weight in its layout (None: drop it)."""
+        """Run 1-2 rows by `kernel` over a copy of the weight in its layout (None: drop it)."""
         if kernel is not None and self.bias is not None and self.bias.dtype is not torch.bfloat16:
             raise ValueError(f"gemv adds a bf16 bias, this layer's is {self.bias.dtype}")
         self.gemv = None if kernel is None else (kernel, kernel.pack(self.weight()))

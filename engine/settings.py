@@ -81,7 +81,7 @@ class EngineSettings(BaseModel):
     )
     decode_gemv: Literal["auto", "on", "off"] = Field(
         default="auto",
-        description="CPU, bf16, packed weights: steps of 1-4 rows multiply by a hand-written "
+        description="CPU, bf16, packed weights: steps of 1-2 rows multiply by a hand-written "
         "AVX512-BF16 kernel over a second copy of the weights; auto: where a start-up timing "
         "finds it faster and the copy fits in a quarter of free memory",
     )

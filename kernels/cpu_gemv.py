@@ -1,7 +1,7 @@
 """Matmuls of a decode step's few rows (1-4) in bfloat16 by the hand-written kernel
 (kernels/cpu_gemv.cpp, AVX512-BF16): y = x W^T + b over a weight packed once into the kernel's
-layout. engine/packed_linear.py uses it beside oneDNN's packed weight where a start-up timing
-says it pays; the .cpp file says why and what it computes.
+layout. engine/packed_linear.py uses it (for 1-2 rows) beside oneDNN's packed weight where a
+start-up timing says it pays; the .cpp file says why and what it computes.
 
 OpenMP: as for kernels/cpu_native.py's kernel, the library's threads are PyTorch's and it is
 told `torch.get_num_threads()`.
