@@ -23,6 +23,7 @@ import torch
 from plan import ensure_model
 from report import machine_info
 
+from engine.decode_gemv import matmul_steps
 from engine.llm_engine import LLMEngine
 from engine.packed_linear import PackedLinear
 from engine.settings import EngineSettings
@@ -55,20 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, dict[str, float]] = {"onednn": {}, "kernel": {}}
     for rows in ROWS:
-        inputs = {m.in_features: torch.randn(rows, m.in_features).bfloat16() for m in linears}
-
-        def onednn(inputs: dict[int, torch.Tensor] = inputs) -> None:
-            for m in linears:
-                torch.ops.mkldnn._linear_pointwise(
-                    inputs[m.in_features], m.packed_weight, m.bias, "none", [], ""
-                )
-
-        def kernel(inputs: dict[int, torch.Tensor] = inputs) -> None:
-            for m in linears:
-                assert m.gemv is not None  # decode_gemv "on"
-                gemv, packed = m.gemv
-                gemv(inputs[m.in_features], packed, m.out_features, m.bias)
-
+        onednn, kernel = matmul_steps(linears, rows)  # the kernel: decode_gemv "on"
         times: dict[str, list[float]] = {"onednn": [], "kernel": []}
         onednn(), kernel()  # first calls: oneDNN builds its kernels
         for _ in range(rounds):

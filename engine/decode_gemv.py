@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -43,8 +44,11 @@ def use_decode_gemv(model: nn.Module, requested: str, dtype: torch.dtype) -> tup
     if requested == "off":
         return False, "off"
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
-    gemv = _kernel()
-    reason = _unusable(gemv, linears, dtype)
+    # The model's side first: a float32 or CUDA engine never builds the kernel's library.
+    reason = _unusable(linears, dtype)
+    gemv = _kernel() if reason is None else None
+    if reason is None and (gemv is None or not gemv.available):
+        reason = "the CPU has no AVX512-BF16 (or no C++ compiler)"
     if reason is not None:
         if requested == "on":
             raise ValueError(f"decode_gemv 'on': {reason}")
@@ -75,11 +79,7 @@ def _kernel() -> NativeGemv | None:
         return None
 
 
-def _unusable(
-    gemv: NativeGemv | None, linears: list[PackedLinear], dtype: torch.dtype
-) -> str | None:
-    if gemv is None or not gemv.available:
-        return "the CPU has no AVX512-BF16 (or no C++ compiler)"
+def _unusable(linears: list[PackedLinear], dtype: torch.dtype) -> str | None:
     if dtype is not torch.bfloat16:
         return f"the kernel is bf16 only, the model runs {dtype}"
     if not linears:
@@ -96,10 +96,12 @@ def _free_memory() -> int | None:
         return None
 
 
-def _time_one_row(linears: list[PackedLinear], gemv: NativeGemv) -> tuple[float, float]:
-    """Every linear at one row, as a decode step runs them (each weight from memory), through
-    oneDNN and through the kernel: best of a few."""
-    inputs = {m.in_features: torch.randn(1, m.in_features).to(torch.bfloat16) for m in linears}
+def matmul_steps(
+    linears: list[PackedLinear], rows: int
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Every linear once at `rows` rows, as a decode step runs them (each weight from memory):
+    one run through oneDNN, one through the kernel (installed on each by `use_gemv`)."""
+    inputs = {m.in_features: torch.randn(rows, m.in_features).to(torch.bfloat16) for m in linears}
 
     def onednn() -> None:
         for m in linears:
@@ -110,8 +112,15 @@ def _time_one_row(linears: list[PackedLinear], gemv: NativeGemv) -> tuple[float,
     def kernel() -> None:
         for m in linears:
             assert m.gemv is not None
-            gemv(inputs[m.in_features], m.gemv[1], m.out_features, m.bias)
+            gemv, packed = m.gemv
+            gemv(inputs[m.in_features], packed, m.out_features, m.bias)
 
+    return onednn, kernel
+
+
+def _time_one_row(linears: list[PackedLinear], gemv: NativeGemv) -> tuple[float, float]:
+    """`matmul_steps` at one row, oneDNN's and the kernel's: best of a few."""
+    onednn, kernel = matmul_steps(linears, rows=1)
     onednn_s = gemv_s = float("inf")
     for _ in range(_REPEATS):  # interleaved, so a busy moment of the machine hits both
         onednn_s = min(onednn_s, best_time(onednn, 1))

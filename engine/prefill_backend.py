@@ -4,8 +4,9 @@ SDPA's flash kernel, or two matmuls around the native causal softmax (engine/att
 `prefill_matmul`, the form decode attention already takes). On a 2-core AVX512-BF16 AMD EPYC
 (no AMX) in bf16 the matmuls took 0.51 ms for the timed 256-token chunk against SDPA's 1.25;
 in float32 the two were near a tie (1.24 vs 1.37). Where bf16 matmuls are slow (no oneDNN bf16,
-an AVX2 CPU) SDPA may win outright, and on CUDA SDPA is used. Both compute causal attention with a float32 softmax; the matmul form rounds scores
-and probabilities to the dtype between ops, as transformers' eager attention does.
+an AVX2 CPU) SDPA may win outright, and on CUDA SDPA is used. Both compute causal attention with
+a float32 softmax; the matmul form rounds scores and probabilities to the dtype between ops, as
+transformers' eager attention does.
 """
 
 from __future__ import annotations

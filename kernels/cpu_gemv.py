@@ -18,7 +18,7 @@ import torch
 from kernels.cpu_native import build
 
 SOURCE = Path(__file__).with_name("cpu_gemv.cpp")
-MAX_ROWS = 4  # the kernel's register tile: more rows go to oneDNN
+MAX_ROWS = 4  # the kernel's register tile: a call with more rows is refused
 COLS = 64  # outputs per packed block
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
