@@ -50,10 +50,11 @@ class EngineConfig:
     # has it, float32 where a start-up timing finds it faster: engine/packed_linear.py); off:
     # plain F.linear, the reference.
     prepack_weights: bool = True
-    # CPU, bf16, packed weights: steps of 1-2 rows multiply by a hand-written AVX512-BF16 kernel
-    # over a second copy of the weights (engine/decode_gemv.py): "auto" where a start-up timing
-    # finds it faster and the copy fits, "on", or "off".
-    decode_gemv: str = "auto"
+    # CPU, bf16, packed weights: matmuls by a hand-written AVX512-BF16 kernel instead of oneDNN
+    # (engine/native_matmul.py): "auto" times both at start-up (every step where the kernel keeps
+    # up, dropping oneDNN's copy; only small steps, over a second copy, where it wins only
+    # there), "on" (every step), or "off".
+    native_matmul: str = "auto"
     # CPU: each layer's RMSNorm (with its residual add), RoPE (with the K/V cache write),
     # SiLU-times-up and (where timed faster than SDPA) the causal softmax of prefill attention by
     # fused C++ kernels (kernels/cpu_layer.py); off: PyTorch operators and SDPA.
@@ -91,8 +92,10 @@ class EngineConfig:
                 "decode_attention must be 'auto', 'matmul', 'sdpa' or 'native', "
                 f"got {self.decode_attention!r}"
             )
-        if self.decode_gemv not in ("auto", "on", "off"):
-            raise ValueError(f"decode_gemv must be 'auto', 'on' or 'off', got {self.decode_gemv!r}")
+        if self.native_matmul not in ("auto", "on", "off"):
+            raise ValueError(
+                f"native_matmul must be 'auto', 'on' or 'off', got {self.native_matmul!r}"
+            )
         if self.prefill_attention not in ("auto", "sdpa", "matmul"):
             raise ValueError(
                 "prefill_attention must be 'auto', 'sdpa' or 'matmul', "

@@ -15,12 +15,12 @@ import torch
 from engine.block_manager import BlockManager
 from engine.compile_decode import use_compile_cache
 from engine.config import EngineConfig
-from engine.decode_gemv import use_decode_gemv
 from engine.errors import AdapterNotFoundError, InvalidRequestError
 from engine.lora_setup import build_lora_manager, lora_stats
 from engine.model_runner import ForwardOutput, ModelRunner, kv_bytes_per_block
 from engine.models.hf_config import load_model_config
 from engine.models.loader import load_model
+from engine.native_matmul import use_native_matmul
 from engine.outputs import (
     CompletionDelta,
     EngineStats,
@@ -95,8 +95,10 @@ class LLMEngine:
             pays, figures = packing_pays(model, self.dtype)
             log.info("packed linear weights: %s (%s)", "yes" if pays else "no", figures)
             self.packed_linears = pack_linears(model) if pays else 0
-        self.decode_gemv, why = use_decode_gemv(model, config.decode_gemv, self.dtype)
-        log.info("decode gemv kernel: %s (%s)", "yes" if self.decode_gemv else "no", why)
+        self.native_matmul = use_native_matmul(model, config.native_matmul, self.dtype)
+        log.info(
+            "native matmul kernel: %s (%s)", self.native_matmul.describe(), self.native_matmul.why
+        )
         self.scheduler = Scheduler(
             config, self.block_manager, None if self.lora is None else self.lora.cache
         )

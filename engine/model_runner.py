@@ -21,6 +21,7 @@ from engine.outputs import ScheduledSeq, SchedulerOutput
 from engine.prefill_backend import choose_prefill_softmax
 from engine.scheduler import adapter_of
 from engine.sequence import Sequence
+from kernels import huge_pages
 from kernels.cpu_layer import NativeLayer, native_layer
 from kernels.cpu_native import NativeBuildError
 from lora.manager import LoRAManager
@@ -102,15 +103,9 @@ class ModelRunner:
         self.device = device
         # The compiled path's padded rows write into one more block, never handed out.
         num_slots = (num_blocks + (1 if compile_decode else 0)) * block_size
+        shape = (config.num_kv_heads, num_slots, config.head_dim)
         self.kv_caches = [
-            (
-                torch.zeros(
-                    config.num_kv_heads, num_slots, config.head_dim, dtype=dtype, device=device
-                ),
-                torch.zeros(
-                    config.num_kv_heads, num_slots, config.head_dim, dtype=dtype, device=device
-                ),
-            )
+            (_zeros(shape, dtype, device), _zeros(shape, dtype, device))
             for _ in range(config.num_layers)
         ]  # per layer: ([kv_heads, num_slots, head_dim], same): head-major, see attention.py
         self.compiled: CompiledDecode | None = None
@@ -295,3 +290,11 @@ class ModelRunner:
             table = item.seq.block_table[:max_blocks]
             rows.append(table + [0] * (max_blocks - len(table)))
         return torch.tensor(rows, dtype=torch.long, device=self.device)
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A KV cache tensor; on the CPU on huge pages (kernels/huge_pages.py: decode attention
+    reads its blocks scattered over the whole cache, a TLB miss a block on 4 KiB pages)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return huge_pages.empty(shape, dtype).zero_()

@@ -26,12 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.timing import best_time
-from kernels.cpu_gemv import NativeGemv
-
-# The kernel takes up to 4 rows, but only 1 and 2 were clearly faster than oneDNN everywhere
-# measured (2 threads: 1.09-1.16x and 1.25-1.55x; at 4 rows 0.95-1.24x, and 0.84x on one
-# thread: bench/RESULTS.md, session 11), so 3 rows and more stay on oneDNN.
-GEMV_ROWS = 2
+from kernels.cpu_matmul import NativeMatmul, unpack
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
@@ -77,44 +72,74 @@ def _best_of(op: Callable[..., object], *args: object) -> float:
 
 
 class PackedLinear(nn.Module):
-    """y = x W^T + b with W held in oneDNN's packed layout (opaque: no `.weight`); with
-    `use_gemv`, inputs of 1-2 rows (GEMV_ROWS) go to the hand-written kernel over its own copy of W
-    (engine/decode_gemv.py decides where that pays)."""
+    """y = x W^T + b with W held in oneDNN's packed layout (opaque: no `.weight`) and/or in the
+    hand-written kernel's (`use_native`: inputs of up to `native_rows` rows go to the kernel;
+    with no limit oneDNN's copy is dropped). engine/native_matmul.py decides where that pays."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         # No batch-size hint: one packing serves decode (a few rows) and prefill (thousands).
-        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
-        self.register_buffer("packed_weight", packed, persistent=False)
-        self.packed_weight: torch.Tensor
+        # None once the kernel takes every row.
+        self.register_buffer(
+            "packed_weight", self._onednn(linear.weight.detach()), persistent=False
+        )
+        self.packed_weight: torch.Tensor | None
         bias = None if linear.bias is None else linear.bias.detach()
         self.register_buffer("bias", bias, persistent=False)
         self.bias: torch.Tensor | None
-        # The small-row kernel and its copy of the weight in its layout (use_gemv), or None.
-        self.gemv: tuple[NativeGemv, torch.Tensor] | None = None
+        # The kernel and its copy of the weight in its layout (use_native), or None.
+        self.native: tuple[NativeMatmul, torch.Tensor] | None = None
+        self.native_rows = 0
 
-    def use_gemv(self, kernel: NativeGemv | None) -> None:
-        """Run 1-2 rows by `kernel` over a copy of the weight in its layout (None: drop it)."""
+    @staticmethod
+    def _onednn(weight: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, None)
+
+    def use_native(self, kernel: NativeMatmul | None, max_rows: int | None = None) -> None:
+        """Run inputs of up to `max_rows` rows by `kernel` over a copy of the weight in its
+        layout; `max_rows` None: every input, and oneDNN's copy is dropped. `kernel` None: back
+        to oneDNN alone."""
         if kernel is not None and self.bias is not None and self.bias.dtype is not torch.bfloat16:
-            raise ValueError(f"gemv adds a bf16 bias, this layer's is {self.bias.dtype}")
-        self.gemv = None if kernel is None else (kernel, kernel.pack(self.weight()))
+            raise ValueError(
+                f"the matmul kernel adds a bf16 bias, this layer's is {self.bias.dtype}"
+            )
+        if kernel is None:
+            if self.packed_weight is None:
+                self.packed_weight = self._onednn(self.weight())
+            self.native, self.native_rows = None, 0
+            return
+        weight = self.weight()
+        self.native = (kernel, kernel.pack(weight))
+        self.native_rows = torch.iinfo(torch.int64).max if max_rows is None else max_rows
+        if max_rows is None:
+            self.packed_weight = None
+        elif self.packed_weight is None:
+            self.packed_weight = self._onednn(weight)
 
     def weight(self) -> torch.Tensor:
         """The plain [out, in] weight, unpacked (a copy)."""
-        return self.packed_weight.to_dense()
+        if self.packed_weight is not None:
+            return self.packed_weight.to_dense()
+        assert self.native is not None
+        return unpack(self.native[1], self.out_features, self.in_features).clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, in_features]
-        if self.gemv is not None and 0 < x.shape[0] <= GEMV_ROWS:
-            kernel, weight = self.gemv
+        if self.native is not None and x.shape[0] <= self.native_rows:
+            kernel, weight = self.native
             return kernel(x, weight, self.out_features, self.bias)
         return torch.ops.mkldnn._linear_pointwise(
             x.contiguous(), self.packed_weight, self.bias, "none", [], ""
         )
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+        form = "packed"
+        if self.native is not None:
+            form = (
+                "native" if self.packed_weight is None else f"native up to {self.native_rows} rows"
+            )
+        return f"in_features={self.in_features}, out_features={self.out_features}, {form}"
 
 
 def pack_linears(model: nn.Module) -> int:

@@ -79,11 +79,12 @@ class EngineSettings(BaseModel):
         description="CPU: pack linear weights into oneDNN's layout at load (bfloat16 where "
         "oneDNN has it; float32 where a start-up timing finds it faster); off: plain F.linear",
     )
-    decode_gemv: Literal["auto", "on", "off"] = Field(
+    native_matmul: Literal["auto", "on", "off"] = Field(
         default="auto",
-        description="CPU, bf16, packed weights: steps of 1-2 rows multiply by a hand-written "
-        "AVX512-BF16 kernel over a second copy of the weights; auto: where a start-up timing "
-        "finds it faster and the copy fits in a quarter of free memory",
+        description="CPU, bf16, packed weights: matmuls by a hand-written AVX512-BF16 kernel "
+        "instead of oneDNN; auto: timed at start-up, every step where the kernel keeps up "
+        "(oneDNN's copy of the weights dropped), only small steps over a second copy where it "
+        "wins only there and the copy fits in a quarter of free memory; on: every step",
     )
     fused_layer_ops: bool = Field(
         default=True,
@@ -149,7 +150,7 @@ class EngineSettings(BaseModel):
             prefill_attention=self.prefill_attention,
             enforce_eager=self.enforce_eager,
             prepack_weights=self.prepack_weights,
-            decode_gemv=self.decode_gemv,
+            native_matmul=self.native_matmul,
             fused_layer_ops=self.fused_layer_ops,
             compile_cache_dir=self.compile_cache_dir,
             max_queue_len=self.max_queue_len,

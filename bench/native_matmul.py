@@ -1,14 +1,14 @@
-"""A decode step's matmuls at 1, 2 and 4 rows: oneDNN's packed matmul against loragate's kernel.
+"""A step's matmuls at 1 to 512 rows: oneDNN's packed matmul against loragate's bf16 kernel.
 
-    python bench/decode_matmuls.py --model .cache/models/small --json bench/out/decode_matmuls.json
+    python bench/native_matmul.py --model .cache/models/small --json bench/out/native_matmul.json
 
 Every linear of the model (the projections of each layer and the lm_head), packed as the engine
-packs them, run once each as a decode step runs them (each weight distinct, so each streams from
-memory): through `mkldnn::_linear_pointwise` (oneDNN, what PyTorch and vLLM's CPU backend run)
-and through kernels/cpu_gemv.cpp (engine/decode_gemv.py: the engine's choice at 1-2 rows where a
-start-up timing finds it faster; 4 rows shows where it stops paying). Rounds interleave the two; the median of the rounds is
-reported, with the weight bytes over that time. Needs a CPU with AVX512-BF16 (the kernel's
-instructions); elsewhere it says so and exits 0 without rows.
+packs them, run once each as a step runs them (each weight distinct, so at a few rows each
+streams from memory): through `mkldnn::_linear_pointwise` (oneDNN, what PyTorch and vLLM's CPU
+backend run) and through kernels/cpu_matmul.cpp (engine/native_matmul.py: the engine's choice
+where a start-up timing finds it as fast). Rounds interleave the two; the median of the rounds
+is reported, with the weight bytes and FLOP/s over that time. Needs a CPU with AVX512-BF16 (the
+kernel's instructions); elsewhere it says so and exits 0 without rows.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import torch
 from plan import ensure_model
 from report import machine_info
 
-from engine.decode_gemv import matmul_steps
 from engine.llm_engine import LLMEngine
+from engine.native_matmul import matmul_steps
 from engine.packed_linear import PackedLinear
 from engine.settings import EngineSettings
-from kernels.cpu_gemv import native_gemv
+from kernels.cpu_matmul import native_matmul
 
-ROWS = (1, 2, 4)
+ROWS = (1, 2, 4, 8, 64, 512)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,13 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     rounds = 3 if args.quick else args.rounds
-    if not native_gemv().available:
+    if not native_matmul().available:
         print("this CPU has no AVX512-BF16: the kernel is not built for it; nothing to compare")
         return 0
     model_dir = ensure_model(args.model, "tiny" if args.quick else "small")
-    settings = EngineSettings(dtype="bfloat16", threads=args.threads, decode_gemv="on")
+    settings = EngineSettings(dtype="bfloat16", threads=args.threads, native_matmul="off")
     engine = LLMEngine(settings.to_engine_config(model=str(model_dir)))
     linears = [m for m in engine.runner.model.modules() if isinstance(m, PackedLinear)]
+    for m in linears:  # both copies: the engine would keep one where the kernel takes every row
+        m.use_native(native_matmul(), max_rows=0)
     weight_bytes = sum(m.in_features * m.out_features * 2 for m in linears)
     print(
         f"{len(linears)} matmuls, {weight_bytes / 1e6:.1f} MB of bf16 weights, "
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, dict[str, float]] = {"onednn": {}, "kernel": {}}
     for rows in ROWS:
-        onednn, kernel = matmul_steps(linears, rows)  # the kernel: decode_gemv "on"
+        onednn, kernel = matmul_steps(linears, rows)
         times: dict[str, list[float]] = {"onednn": [], "kernel": []}
         onednn(), kernel()  # first calls: oneDNN builds its kernels
         for _ in range(rounds):
@@ -68,13 +70,15 @@ def main(argv: list[str] | None = None) -> int:
             results[name][str(rows)] = statistics.median(times[name]) * 1e3
 
     header = f"{'rows':>4}  {'oneDNN ms':>10}  {'kernel ms':>10}  {'GB/s (oneDNN / kernel)':>24}"
-    print(f"\n{header}  ratio")
+    print(f"\n{header}  {'GFLOP/s (oneDNN / kernel)':>26}  ratio")
     ratios = {}
     for rows in ROWS:
         a, b = results["onednn"][str(rows)], results["kernel"][str(rows)]
         ratios[str(rows)] = a / b
         rates = f"{weight_bytes / a / 1e6:.1f} / {weight_bytes / b / 1e6:.1f}"
-        print(f"{rows:>4}  {a:>10.2f}  {b:>10.2f}  {rates:>24}  {a / b:.2f}x")
+        flops = rows * weight_bytes  # 2 FLOPs a weight a row, 2 bytes a weight
+        gflops = f"{flops / a / 1e6:.0f} / {flops / b / 1e6:.0f}"
+        print(f"{rows:>4}  {a:>10.2f}  {b:>10.2f}  {rates:>24}  {gflops:>26}  {a / b:.2f}x")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         record = {

@@ -1,5 +1,6 @@
-"""The decode-row matmul kernel (kernels/cpu_gemv.cpp) against float64 products of the same bf16
-values: float32 sums, one rounding to bf16, so within a bf16 step of the exact result."""
+"""The bf16 matmul kernel (kernels/cpu_matmul.cpp) against float64 products of the same bf16
+values: float32 sums, one rounding to bf16, so within a bf16 step of the exact result; at every
+row count its tiles and work items split (1-5 left over after tiles of 6, chunks of 96)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.cpu_gemv import SOURCE, NativeGemv, native_gemv
+from kernels.cpu_matmul import SOURCE, NativeMatmul, native_matmul, packed_size, unpack
 from kernels.cpu_native import build
 
-GEMV = native_gemv()
+KERNEL = native_matmul()
 needs_bf16_dot = pytest.mark.skipif(
-    not GEMV.available, reason="this CPU has no AVX512-BF16: the kernel is built without it"
+    not KERNEL.available, reason="this CPU has no AVX512-BF16: the kernel is built without it"
 )
 
 
@@ -34,12 +35,12 @@ def _within_a_bf16_step(y: torch.Tensor, exact: torch.Tensor) -> None:
 
 
 @needs_bf16_dot
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 97, 200])
 @pytest.mark.parametrize("n, k", [(64, 2), (1280, 768), (100, 64), (768, 2048), (130, 96)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemv_matches_the_float64_products(rows: int, n: int, k: int, bias: bool) -> None:
+def test_matches_the_float64_products(rows: int, n: int, k: int, bias: bool) -> None:
     x, w, b, exact = _case(rows, n, k, bias)
-    y = GEMV(x, GEMV.pack(w), n, b)
+    y = KERNEL(x, KERNEL.pack(w), n, b)
     assert y.shape == (rows, n)
     _within_a_bf16_step(y, exact)
     # and it agrees with F.linear almost everywhere (the same sums in another order)
@@ -49,54 +50,58 @@ def test_gemv_matches_the_float64_products(rows: int, n: int, k: int, bias: bool
 
 @needs_bf16_dot
 def test_rows_are_independent_and_strided_inputs_are_taken() -> None:
-    x, w, _, exact = _case(4, 192, 256, bias=False)
-    packed = GEMV.pack(w)
-    whole = GEMV(x, packed, 192)
-    for r in range(4):  # one row alone gives that row of the four
-        assert torch.equal(GEMV(x[r : r + 1], packed, 192), whole[r : r + 1])
-    wide = torch.zeros(4, 512, dtype=torch.bfloat16)
+    x, w, _, exact = _case(20, 192, 256, bias=False)
+    packed = KERNEL.pack(w)
+    whole = KERNEL(x, packed, 192)
+    for r in (0, 5, 6, 19):  # a row alone gives that row of the twenty, whichever tile it was in
+        assert torch.equal(KERNEL(x[r : r + 1], packed, 192), whole[r : r + 1])
+    assert torch.equal(KERNEL(x[3:15], packed, 192), whole[3:15])
+    wide = torch.zeros(20, 512, dtype=torch.bfloat16)
     wide[:, :256] = x
-    assert torch.equal(GEMV(wide[:, :256], packed, 192), whole)  # copied to contiguous rows
+    assert torch.equal(KERNEL(wide[:, :256], packed, 192), whole)  # rows 512 apart, read in place
+    assert torch.equal(KERNEL(x.T.contiguous().T, packed, 192), whole)  # column-major: copied
+    assert KERNEL(x[:0], packed, 192).shape == (0, 192)
     _within_a_bf16_step(whole, exact)
 
 
 @needs_bf16_dot
-def test_the_packed_layout_pads_outputs_to_blocks_of_64() -> None:
+def test_the_packed_layout_pads_outputs_to_blocks_of_64_and_unpacks() -> None:
     w = torch.randn(100, 8).bfloat16()
-    packed = GEMV.pack(w)
-    assert packed.numel() == 128 * 8
+    packed = KERNEL.pack(w)
+    assert packed.numel() == packed_size(100, 8) == 128 * 8
     # block 0, pair 0: outputs 0..63 side by side, each as (w[c, 0], w[c, 1])
     assert torch.equal(packed[:128].view(64, 2), w[:64, :2])
     # the last block's outputs past 100 are zero
     last = packed[64 * 8 :].view(4, 64, 2)
     assert torch.equal(last[:, :36], w[64:].view(36, 4, 2).transpose(0, 1))
     assert not last[:, 36:].any()
+    assert torch.equal(unpack(packed, 100, 8), w)
 
 
 @needs_bf16_dot
 def test_bad_calls_are_refused() -> None:
     w = torch.randn(64, 32).bfloat16()
-    packed = GEMV.pack(w)
-    with pytest.raises(ValueError, match="1-4 bf16 rows"):
-        GEMV(torch.randn(5, 32).bfloat16(), packed, 64)
-    with pytest.raises(ValueError, match="1-4 bf16 rows"):
-        GEMV(torch.randn(1, 32), packed, 64)
+    packed = KERNEL.pack(w)
+    with pytest.raises(ValueError, match="takes \\[rows, k\\] bf16"):
+        KERNEL(torch.randn(1, 32), packed, 64)
+    with pytest.raises(ValueError, match="takes \\[rows, k\\] bf16"):
+        KERNEL(torch.randn(2, 1, 32).bfloat16(), packed, 64)
     with pytest.raises(ValueError, match="not \\[64, 30\\]"):
-        GEMV(torch.randn(1, 30).bfloat16(), packed, 64)
+        KERNEL(torch.randn(1, 30).bfloat16(), packed, 64)
     with pytest.raises(ValueError, match="bias must be contiguous"):
-        GEMV(torch.randn(1, 32).bfloat16(), packed, 64, torch.randn(63).bfloat16())
+        KERNEL(torch.randn(1, 32).bfloat16(), packed, 64, torch.randn(63).bfloat16())
     with pytest.raises(ValueError, match="bias must be bf16"):
-        GEMV(torch.randn(1, 32).bfloat16(), packed, 64, torch.randn(64))
+        KERNEL(torch.randn(1, 32).bfloat16(), packed, 64, torch.randn(64))
     for bad in (torch.randn(64, 31).bfloat16(), torch.randn(64, 32)):
-        assert not GEMV.packs(bad)
-        with pytest.raises(ValueError, match="gemv packs bf16"):
-            GEMV.pack(bad)
+        assert not KERNEL.packs(bad)
+        with pytest.raises(ValueError, match="kernel packs bf16"):
+            KERNEL.pack(bad)
 
 
 def test_without_avx512_bf16_the_kernel_says_so(tmp_path: Path) -> None:
     """What CPUs without the instructions get: a library that reports itself unavailable, so the
     engine keeps oneDNN."""
-    portable = NativeGemv(build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512bf16",)))
+    portable = NativeMatmul(build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512bf16",)))
     assert not portable.available
     assert not portable.packs(torch.randn(64, 32).bfloat16())
     with pytest.raises(ValueError, match="available: False"):

@@ -1,0 +1,175 @@
+"""Which steps multiply by the hand-written bf16 kernel (kernels/cpu_matmul.py) instead of
+oneDNN, decided once at start-up for the model's packed linears.
+
+At a few rows a step's matmuls only stream their weights, and oneDNN's call costs ~15-20 us
+before it streams: on a 2-core AVX512-BF16 EPYC whose copy ran at 31 GB/s, the small model's
+49 matmuls at one row took 9.5 ms through oneDNN and 7.7 ms through the kernel. At more rows
+the kernel, tiled, kept up with oneDNN on the EPYCs measured (1.1-1.7x at 1-64 rows, 1.01-1.04x
+at 200-2048 rows, session 12), but a CPU with AMX would run oneDNN's large matmuls far faster.
+So "auto" times both on the model's own weights at 1, 8, 64 and 512 rows:
+
+- the kernel at least as fast everywhere (within the timing's noise): it takes every step and
+  oneDNN's copy of the weights is dropped (one copy, as before);
+- clearly faster only up to some row count: it takes steps up to there over a second copy of
+  the weights (their memory doubles), if that copy fits in a quarter of the memory free;
+- otherwise oneDNN alone. CUDA, float32 and CPUs without AVX512-BF16 keep oneDNN.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.packed_linear import PackedLinear
+from engine.timing import best_time
+from kernels.cpu_matmul import NativeMatmul, native_matmul
+from kernels.cpu_native import NativeBuildError
+
+log = logging.getLogger(__name__)
+
+MODES: tuple[str, ...] = ("auto", "on", "off")
+TIMED_ROWS: tuple[int, ...] = (1, 8, 64, 512)
+# At or above this everywhere, the kernel takes every step: a tie is worth one copy of the
+# weights instead of two.
+_EVERY_ROW_RATIO = 0.97
+# Beside oneDNN (the weights' memory doubled) the kernel must win by more than the noise.
+_MIN_GAIN = 1.03
+_REPEATS = 7
+# Above this many rows one layer's projections are timed, not the whole model: the matmuls
+# are compute-bound there and the time scales with the weights.
+_WHOLE_MODEL_ROWS = 8
+# The second copy may take at most this share of the memory free when the engine starts.
+_MEMORY_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class NativeMatmulUse:
+    max_rows: int | None  # steps of up to this many rows go to the kernel; None: every step
+    why: str  # for the start-up log: the mode, the reason, or the timings
+
+    @property
+    def used(self) -> bool:
+        return self.max_rows is None or self.max_rows > 0
+
+    def describe(self) -> str:
+        if self.max_rows is None:
+            return "every step"
+        return f"steps of up to {self.max_rows} rows" if self.max_rows else "no"
+
+
+def use_native_matmul(model: nn.Module, requested: str, dtype: torch.dtype) -> NativeMatmulUse:
+    """Install the kernel on every packed linear of `model` where `requested` (auto, on, off)
+    and this machine say so; returns what it did and why."""
+    if requested not in MODES:
+        raise ValueError(f"native_matmul must be one of {MODES}, got {requested!r}")
+    if requested == "off":
+        return NativeMatmulUse(0, "off")
+    linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    # The model's side first: a float32 or CUDA engine never builds the kernel's library.
+    reason = _unusable(linears, dtype)
+    kernel = _kernel() if reason is None else None
+    if reason is None and (kernel is None or not kernel.available):
+        reason = "the CPU has no AVX512-BF16 (or no C++ compiler)"
+    if reason is not None:
+        if requested == "on":
+            raise ValueError(f"native_matmul 'on': {reason}")
+        return NativeMatmulUse(0, reason)
+    assert kernel is not None
+    if requested == "on":
+        _install(linears, kernel, None)
+        return NativeMatmulUse(None, "on")
+    # Timed with both copies; where a second copy of every weight would not fit, on the first
+    # layer's projections alone (their figures at a few rows then read weights from cache).
+    extra = sum(m.in_features * m.out_features * 2 for m in linears)
+    free = _free_memory()
+    fits = free is None or extra <= _MEMORY_SHARE * free
+    timed = linears if fits else linears[:4]
+    _install(timed, kernel, 0)
+    ratios = {rows: _ratio(timed, rows) for rows in TIMED_ROWS}
+    figures = "oneDNN / kernel time at " + ", ".join(f"{r} rows {x:.2f}" for r, x in ratios.items())
+    if min(ratios.values()) >= _EVERY_ROW_RATIO:
+        _install(linears, kernel, None)  # layer by layer: oneDNN's copy goes as the kernel's comes
+        return NativeMatmulUse(None, figures)
+    limit = 0
+    for rows, ratio in ratios.items():
+        if ratio < _MIN_GAIN:
+            break
+        limit = rows
+    if limit and not fits:
+        limit = 0
+        figures += f"; a second copy ({extra / 2**20:.0f} MiB) exceeds a quarter of free memory"
+    _install(linears, kernel if limit else None, limit)
+    return NativeMatmulUse(limit, figures)
+
+
+def _install(
+    linears: list[PackedLinear], kernel: NativeMatmul | None, max_rows: int | None
+) -> None:
+    for m in linears:
+        m.use_native(kernel, max_rows)
+
+
+def _kernel() -> NativeMatmul | None:
+    try:
+        return native_matmul()
+    except NativeBuildError as exc:
+        log.warning("native matmul kernel unavailable (%s)", exc)
+        return None
+
+
+def _unusable(linears: list[PackedLinear], dtype: torch.dtype) -> str | None:
+    if dtype is not torch.bfloat16:
+        return f"the kernel is bf16 only, the model runs {dtype}"
+    if not linears:
+        return "no packed linear layers"
+    if any(m.in_features % 2 for m in linears):
+        return "a linear layer has an odd input width"
+    return None
+
+
+def _free_memory() -> int | None:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def matmul_steps(
+    linears: list[PackedLinear], rows: int
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Every linear once at `rows` rows, as a step runs them (each weight from memory): one
+    run through oneDNN, one through the kernel. Both copies must be installed
+    (`use_native(kernel, max_rows)` with a limit)."""
+    inputs = {m.in_features: torch.randn(rows, m.in_features).to(torch.bfloat16) for m in linears}
+
+    def onednn() -> None:
+        for m in linears:
+            torch.ops.mkldnn._linear_pointwise(
+                inputs[m.in_features], m.packed_weight, m.bias, "none", [], ""
+            )
+
+    def kernel() -> None:
+        for m in linears:
+            assert m.native is not None
+            native, packed = m.native
+            native(inputs[m.in_features], packed, m.out_features, m.bias)
+
+    return onednn, kernel
+
+
+def _ratio(linears: list[PackedLinear], rows: int) -> float:
+    """oneDNN's time over the kernel's at `rows` rows, best of a few each, interleaved (so a
+    busy moment of the machine hits both): the whole model's weights at a few rows, the first
+    layer's projections (Llama: qkv, o, gate_up, down) above."""
+    timed = linears if rows <= _WHOLE_MODEL_ROWS else linears[:4]
+    onednn, kernel = matmul_steps(timed, rows)
+    onednn_s = kernel_s = float("inf")
+    for _ in range(_REPEATS):
+        onednn_s = min(onednn_s, best_time(onednn, 1))
+        kernel_s = min(kernel_s, best_time(kernel, 1))
+    return onednn_s / kernel_s

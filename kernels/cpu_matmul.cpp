@@ -1,0 +1,156 @@
+// y = x W^T (+ bias) in bfloat16 by vdpbf16ps, for any number of rows: the kernel
+// kernels/cpu_matmul.py builds with the system's C++ compiler and calls through ctypes.
+//
+// Why beside (or instead of) oneDNN's packed matmul: at a few rows a step's matmuls only stream
+// their weights, and oneDNN's call costs ~15-20 us before it streams (27 us for a 768 x 768
+// weight already in cache, against 9 us here); over the 49 matmuls of a small-model step that
+// is most of a millisecond. At more rows the same loop, tiled, kept up with oneDNN on the
+// AVX512-BF16 EPYCs measured (session 12: 1.1-1.7x at 1-64 rows, 1.01-1.04x at 200-2048), so
+// where a start-up timing agrees (engine/native_matmul.py) one copy of the weights in this
+// layout serves every step and oneDNN's copy is dropped.
+//
+// Layout: for each block of 64 outputs, the pairs of the input dimension one after another,
+// each pair's 64 x 2 values side by side ([n / 64][k / 2][64][2], the layout vdpbf16ps takes),
+// so one block is one sequential stream. A block's rows are taken 6 at a time (24 accumulators,
+// four weight registers and a broadcast: 29 of the 32 vector registers), reading the block
+// from L2 after the first tile; work items are (block, up to 96 rows), split between threads.
+//
+// Values: float32 products and sums (each vdpbf16ps adds a pair of exact bf16 products to its
+// float32 lane), the bias added in float32, one rounding to bf16 at the end: what oneDNN and
+// F.linear compute, summed in another order. Without AVX512-BF16 the library builds, but
+// `matmul_available` says 0 and the caller keeps oneDNN.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+#include "cpu_bf16.h"
+
+namespace {
+
+using loragate::BFloat16;
+using loragate::from_float;
+using loragate::to_float;
+
+constexpr int64_t kCols = 64;     // outputs per block: four 16-float registers per row
+constexpr int64_t kTile = 6;      // rows per register tile
+constexpr int64_t kChunk = 96;    // rows per work item: a block's panel reused 16 times from L2
+// How far ahead of the loads the prefetch runs, in bf16 values: 16 pairs of the block (8 KB).
+constexpr int64_t kPrefetch = 16 * 2 * kCols;
+
+#if defined(__AVX512BF16__)
+// One block of 64 outputs for M rows (M <= 6): acc[m][j] holds outputs 16 j .. 16 j + 15.
+template <int M>
+void tile(const uint16_t* x, int64_t x_stride, int64_t k, const uint16_t* w,
+          const uint16_t* bias, uint16_t* y, int64_t y_stride, int64_t cols) {
+    // Every loop over acc is unrolled so its indices are constants: GCC then keeps acc in
+    // registers (with one loop left rolled it stored all 24 to the stack every step, 2.4x slower).
+    __m512 acc[M][4];
+#pragma GCC unroll 6
+    for (int m = 0; m < M; m++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) acc[m][j] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < k / 2; p++, w += 2 * kCols) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch + kCols), _MM_HINT_T0);
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w);
+        const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + 32);
+        const __m512bh w2 = (__m512bh)_mm512_loadu_si512(w + 64);
+        const __m512bh w3 = (__m512bh)_mm512_loadu_si512(w + 96);
+#pragma GCC unroll 6
+        for (int m = 0; m < M; m++) {
+            int32_t pair;  // x[m, 2p] and x[m, 2p + 1], broadcast to every lane
+            std::memcpy(&pair, x + m * x_stride + 2 * p, sizeof pair);
+            const __m512bh xp = (__m512bh)_mm512_set1_epi32(pair);
+            acc[m][0] = _mm512_dpbf16_ps(acc[m][0], xp, w0);
+            acc[m][1] = _mm512_dpbf16_ps(acc[m][1], xp, w1);
+            acc[m][2] = _mm512_dpbf16_ps(acc[m][2], xp, w2);
+            acc[m][3] = _mm512_dpbf16_ps(acc[m][3], xp, w3);
+        }
+    }
+    float sums[M][kCols];
+#pragma GCC unroll 6
+    for (int m = 0; m < M; m++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(sums[m] + 16 * j, acc[m][j]);
+    for (int m = 0; m < M; m++) {
+        for (int64_t c = 0; c < cols; c++) {  // cols < 64 only in a padded last block
+            float v = sums[m][c];
+            if (bias != nullptr) v += to_float(BFloat16{bias[c]});
+            y[m * y_stride + c] = from_float<BFloat16>(v).bits;
+        }
+    }
+}
+
+// Rows [first, last) of one block, six at a time, then the rest.
+void block_rows(const uint16_t* x, int64_t x_stride, int64_t first, int64_t last, int64_t k,
+                const uint16_t* w, const uint16_t* bias, uint16_t* y, int64_t y_stride,
+                int64_t cols) {
+    int64_t r = first;
+    for (; r + kTile <= last; r += kTile)
+        tile<kTile>(x + r * x_stride, x_stride, k, w, bias, y + r * y_stride, y_stride, cols);
+    const uint16_t* xr = x + r * x_stride;
+    uint16_t* yr = y + r * y_stride;
+    switch (last - r) {
+        case 1: tile<1>(xr, x_stride, k, w, bias, yr, y_stride, cols); break;
+        case 2: tile<2>(xr, x_stride, k, w, bias, yr, y_stride, cols); break;
+        case 3: tile<3>(xr, x_stride, k, w, bias, yr, y_stride, cols); break;
+        case 4: tile<4>(xr, x_stride, k, w, bias, yr, y_stride, cols); break;
+        case 5: tile<5>(xr, x_stride, k, w, bias, yr, y_stride, cols); break;
+        default: break;
+    }
+}
+#endif
+
+}  // namespace
+
+extern "C" {
+
+int matmul_available() {
+#if defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+// w [n, k] row-major -> packed [ceil(n / 64)][k / 2][64][2], outputs past n zero (k even).
+void matmul_pack_bf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed) {
+    const int64_t blocks = (n + kCols - 1) / kCols;
+    for (int64_t b = 0; b < blocks; b++)
+        for (int64_t p = 0; p < k / 2; p++)
+            for (int64_t c = 0; c < kCols; c++) {
+                uint16_t* out = packed + ((b * (k / 2) + p) * kCols + c) * 2;
+                const int64_t row = b * kCols + c;
+                out[0] = row < n ? w[row * k + 2 * p] : 0;
+                out[1] = row < n ? w[row * k + 2 * p + 1] : 0;
+            }
+}
+
+// y[r, :n] = x[r, :k] W^T + bias for `rows` rows (x rows x_stride apart, y rows y_stride
+// apart); bias may be null. Work items (a block of 64 outputs, up to 96 rows) are split between
+// the threads, a block's row chunks next to each other so a thread reuses its panel.
+void matmul_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k,
+                 const uint16_t* packed, const uint16_t* bias, int64_t n, uint16_t* y,
+                 int64_t y_stride, int threads) {
+#if defined(__AVX512BF16__)
+    const int64_t blocks = (n + kCols - 1) / kCols;
+    const int64_t chunks = (rows + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t item = 0; item < blocks * chunks; item++) {
+        const int64_t b = item / chunks, first = (item % chunks) * kChunk;
+        block_rows(x, x_stride, first, std::min(rows, first + kChunk), k,
+                   packed + b * (k / 2) * 2 * kCols, bias != nullptr ? bias + b * kCols : nullptr,
+                   y + b * kCols, y_stride, std::min(kCols, n - b * kCols));
+    }
+#else
+    (void)x, (void)rows, (void)x_stride, (void)k, (void)packed, (void)bias, (void)n, (void)y,
+        (void)y_stride, (void)threads;
+#endif
+}
+
+}  // extern "C"

@@ -1,0 +1,221 @@
+"""The bf16 matmul kernel in the engine (engine/native_matmul.py, engine/packed_linear.py): which
+rows it takes, oneDNN's copy dropped when it takes every row, how the start-up choice is made
+(timing, memory, mode), and an engine on it giving what the oneDNN engine gives, to bf16
+rounding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine import native_matmul
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.native_matmul import TIMED_ROWS, NativeMatmulUse, use_native_matmul
+from engine.packed_linear import PackedLinear, can_pack, pack_linears
+from kernels.cpu_matmul import NativeMatmul
+from kernels.cpu_matmul import native_matmul as kernel_of
+from tests.engine.engine_helpers import random_prompts, request, run_to_completion
+
+pytestmark = pytest.mark.skipif(
+    not (kernel_of().available and can_pack(torch.bfloat16, torch.device("cpu"))),
+    reason="this CPU has no AVX512-BF16: the kernel is unavailable and the engine keeps oneDNN",
+)
+
+
+def _packed_model(bias: bool = False) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 192, bias=bias), nn.Linear(192, 100, bias=bias))
+    model = model.to(torch.bfloat16)
+    assert pack_linears(model) == 2
+    return model
+
+
+def _state(model: nn.Module) -> list[tuple[bool, bool]]:
+    """(kernel installed, oneDNN copy kept) for each packed linear."""
+    linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    return [(m.native is not None, m.packed_weight is not None) for m in linears]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_rows_up_to_the_limit_go_to_the_kernel_more_to_onednn(bias: bool) -> None:
+    layer = _packed_model(bias)[0]
+    weight = layer.weight()
+    layer.use_native(kernel_of(), max_rows=8)
+    assert layer.packed_weight is not None  # both copies
+    for rows in (1, 8, 9, 64):
+        x = torch.randn(rows, 64).bfloat16()
+        y = layer(x)
+        if rows <= 8:
+            assert layer.native is not None
+            kernel, packed = layer.native
+            assert torch.equal(y, kernel(x, packed, 192, layer.bias))
+        else:  # oneDNN, bit for bit F.linear here
+            assert torch.equal(y, F.linear(x, weight, layer.bias))
+    layer.use_native(None)
+    assert layer.native is None and torch.equal(layer.weight(), weight)
+
+
+def test_every_row_on_the_kernel_drops_onednns_copy_and_can_get_it_back() -> None:
+    layer = _packed_model(bias=True)[0]
+    weight = layer.weight()
+    layer.use_native(kernel_of(), max_rows=None)
+    assert layer.packed_weight is None and torch.equal(layer.weight(), weight)  # from its layout
+    assert "native" in repr(layer)
+    x = torch.randn(300, 64).bfloat16()
+    torch.testing.assert_close(layer(x), F.linear(x, weight, layer.bias), atol=0.05, rtol=2**-7)
+    layer.use_native(None)  # oneDNN alone again, repacked from the kernel's copy
+    assert layer.packed_weight is not None and layer.native is None
+    assert torch.equal(layer(x), F.linear(x, weight, layer.bias))
+
+
+def _ratios(values: dict[int, float]):  # type: ignore[no-untyped-def]
+    return lambda linears, rows: values[rows]
+
+
+def test_auto_takes_every_row_where_the_kernel_keeps_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _packed_model()
+    monkeypatch.setattr(native_matmul, "_ratio", _ratios({1: 1.4, 8: 1.2, 64: 1.0, 512: 0.98}))
+    use = use_native_matmul(model, "auto", torch.bfloat16)
+    assert use.max_rows is None and use.used and use.describe() == "every step"
+    assert "512 rows 0.98" in use.why
+    assert _state(model) == [(True, False), (True, False)]  # one copy: the kernel's
+
+
+def test_auto_keeps_both_copies_where_the_kernel_wins_only_at_few_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = _packed_model()
+    monkeypatch.setattr(native_matmul, "_ratio", _ratios({1: 1.4, 8: 1.1, 64: 0.9, 512: 0.5}))
+    use = use_native_matmul(model, "auto", torch.bfloat16)
+    assert use.max_rows == 8 and use.describe() == "steps of up to 8 rows"
+    assert _state(model) == [(True, True), (True, True)]
+    assert all(m.native_rows == 8 for m in model.modules() if isinstance(m, PackedLinear))
+    # slower even at one row: oneDNN alone, the kernel's copies dropped
+    monkeypatch.setattr(native_matmul, "_ratio", _ratios({1: 1.01, 8: 1.1, 64: 0.9, 512: 0.5}))
+    use = use_native_matmul(model, "auto", torch.bfloat16)
+    assert use.max_rows == 0 and not use.used and use.describe() == "no"
+    assert _state(model) == [(False, True), (False, True)]
+
+
+def test_auto_keeps_one_copy_where_two_would_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _packed_model()
+    timed: list[int] = []
+
+    def ratio(linears, rows):  # type: ignore[no-untyped-def]
+        timed.append(len(linears))
+        return {1: 1.4, 8: 1.1, 64: 0.9, 512: 0.5}[rows]
+
+    monkeypatch.setattr(native_matmul, "_ratio", ratio)
+    monkeypatch.setattr(native_matmul, "_free_memory", lambda: 4 * 64 * 192 * 2)  # < 4x a copy
+    use = use_native_matmul(model, "auto", torch.bfloat16)
+    assert use.max_rows == 0 and "free memory" in use.why
+    assert _state(model) == [(False, True), (False, True)]
+    assert timed == [2] * len(TIMED_ROWS)  # at most the first layer's projections (here: both)
+    assert use_native_matmul(model, "on", torch.bfloat16).max_rows is None  # asked: no check
+    assert _state(model) == [(True, False), (True, False)]
+
+
+def test_modes_and_their_errors() -> None:
+    model = _packed_model()
+    assert use_native_matmul(model, "off", torch.bfloat16) == NativeMatmulUse(0, "off")
+    with pytest.raises(ValueError, match="native_matmul must be one of"):
+        use_native_matmul(model, "always", torch.bfloat16)
+    with pytest.raises(ValueError, match="native_matmul 'on': the kernel is bf16 only"):
+        use_native_matmul(model, "on", torch.float32)
+    with pytest.raises(ValueError, match="native_matmul 'on': no packed linear layers"):
+        use_native_matmul(nn.Sequential(nn.ReLU()), "on", torch.bfloat16)
+    assert not use_native_matmul(nn.Sequential(nn.ReLU()), "auto", torch.bfloat16).used
+    with pytest.raises(ValueError, match="native_matmul"):
+        EngineConfig(model="m", native_matmul="yes")
+
+
+def test_the_timing_compares_the_same_matmuls() -> None:
+    model = _packed_model()
+    linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    for m in linears:
+        m.use_native(kernel_of(), max_rows=0)  # both copies, as while timing
+    onednn, kernel = native_matmul.matmul_steps(linears, rows=3)
+    onednn(), kernel()  # both run on every linear
+    assert native_matmul._ratio(linears, 8) > 0
+
+
+def _engine(model_dir: Path, mode: str, dtype: str = "bfloat16") -> LLMEngine:
+    return LLMEngine(
+        EngineConfig(
+            model=str(model_dir),
+            dtype=dtype,
+            num_kv_blocks=256,
+            max_num_seqs=2,
+            max_num_batched_tokens=128,
+            decode_attention="matmul",
+            prefill_attention="sdpa",
+            native_matmul=mode,
+        )
+    )
+
+
+def _run(engine: LLMEngine, prompts: list[list[int]]):  # type: ignore[no-untyped-def]
+    """The engine's tokens and every sampling step's logits (float32), per request."""
+    logits: dict[str, list[torch.Tensor]] = {}
+    execute = engine.runner.execute
+
+    def spy(sched):  # type: ignore[no-untyped-def]
+        forward = execute(sched)
+        for seq, row in zip(forward.sampling_seqs, forward.logits, strict=True):
+            logits.setdefault(seq.request.request_id, []).append(row.float().clone())
+        return forward
+
+    engine.runner.execute = spy  # type: ignore[method-assign]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(request(f"r{i}", prompt, max_tokens=10))
+    return run_to_completion(engine), logits
+
+
+def test_an_engine_on_the_kernel_is_as_close_to_float32_as_the_onednn_engine(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both bf16 engines round every matmul once, summing in different orders, so their logits
+    differ by bf16 noise that grows through the layers (on this random tiny model's near ties
+    that flips tokens, so tokens are not compared); the claim is that the kernel's noise is no
+    larger than oneDNN's: both are compared with a float32 engine on the same weights."""
+    calls = 0
+    kernel_call = NativeMatmul.__call__
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        return kernel_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(NativeMatmul, "__call__", counted)
+    prompts = random_prompts(seed=5, lengths=[7, 30, 18, 51], vocab=2600)
+    runs, counts = {}, {}
+    for mode, dtype in (("off", "bfloat16"), ("on", "bfloat16"), ("off", "float32")):
+        engine = _engine(tiny_model_dir, mode, dtype)
+        assert engine.native_matmul.used == (mode == "on")
+        calls = 0
+        runs[mode, dtype] = _run(engine, prompts)
+        counts[mode, dtype] = calls
+    assert counts["off", "bfloat16"] == 0 == counts["off", "float32"]
+    # on: 4 projections a layer + the lm_head, every step (10 steps a request at least)
+    assert counts["on", "bfloat16"] >= 10 * (4 * 8 + 1)
+    (off, off_logits), (on, on_logits), (ref, ref_logits) = runs.values()
+    error = {"off": 0.0, "on": 0.0}
+    for i in range(len(prompts)):
+        rid = f"r{i}"
+        # step by step while all three agree on the tokens so far (a near tie may then pick
+        # another token; nothing after it is compared)
+        steps = zip(off_logits[rid], on_logits[rid], ref_logits[rid], strict=True)
+        for step, (a, b, exact) in enumerate(steps):
+            error["off"] = max(error["off"], (a - exact).abs().max().item())
+            error["on"] = max(error["on"], (b - exact).abs().max().item())
+            if (
+                len({off.tokens_of(rid)[step], on.tokens_of(rid)[step], ref.tokens_of(rid)[step]})
+                > 1
+            ):
+                break
+    assert 0 < error["on"] <= 1.5 * error["off"] + 0.02, error
