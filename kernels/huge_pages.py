@@ -13,6 +13,7 @@ torch.empty.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 
 import torch
@@ -36,8 +37,6 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     raw = torch.frombuffer(region, dtype=torch.uint8)
     start = -raw.data_ptr() % HUGE_PAGE  # the first 2 MiB boundary
-    try:
+    with contextlib.suppress(OSError):  # refused (THP off): small pages, the same memory
         region.madvise(advice, start, len(region) - start)
-    except OSError:
-        pass  # refused (THP off): small pages, the same memory
     return raw[start : start + nbytes].view(dtype).view(shape)
