@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from engine.paged_decode import DecodeMetadata, paged_decode
 from kernels.cpu_attention import native_paged_decode, paged_decode_op
 from kernels.cpu_layer import NativeLayer
+from kernels.cpu_prefill import NativePrefill
 
 # How decode rows attend: the hand-written CPU kernel that reads the paged cache where it lies
 # (kernels/cpu_attention.cpp), or, after gathering each row's blocks, two grouped matmuls or
@@ -61,6 +62,9 @@ class AttentionMetadata:
     # Where set, prefill chunks attend by two matmuls around this causal softmax
     # (prefill_matmul); otherwise by SDPA.
     prefill_softmax: NativeLayer | None = None
+    # Where set (bf16, AVX512-BF16), the same matmul form in one native call that reads the
+    # cache (kernels/cpu_prefill.cpp).
+    prefill_kernel: NativePrefill | None = None
     # Built on first use and shared by every layer of the step.
     decode_groups: list[DecodeGroup] | None = None
     decode_context_lens: torch.Tensor | None = None  # decode_lengths as a tensor (native)
@@ -144,7 +148,12 @@ def attend_paged(
         )
     for seg in meta.prefills:
         rows = slice(seg.query_start, seg.query_start + seg.query_len)
-        if meta.prefill_softmax is not None:
+        if meta.prefill_kernel is not None:
+            slots = meta.slot_mapping[rows] if seg.context_slots is None else seg.context_slots
+            out[rows] = meta.prefill_kernel(
+                q[rows], k_cache, v_cache, slots, seg.num_computed, scale
+            )
+        elif meta.prefill_softmax is not None:
             out[rows] = prefill_matmul(
                 q[rows], k[rows], v[rows], k_cache, v_cache, seg, scale, meta.prefill_softmax
             )

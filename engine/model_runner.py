@@ -18,7 +18,7 @@ from engine.decode_backend import choose_decode_backend
 from engine.models.hf_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.outputs import ScheduledSeq, SchedulerOutput
-from engine.prefill_backend import choose_prefill_softmax
+from engine.prefill_backend import choose_prefill_kernel, choose_prefill_softmax
 from engine.scheduler import adapter_of
 from engine.sequence import Sequence
 from kernels import huge_pages
@@ -98,6 +98,9 @@ class ModelRunner:
             dtype=dtype,
             device=device,
         )
+        self.prefill_kernel = choose_prefill_kernel(
+            self.prefill_softmax, head_dim=config.head_dim, dtype=dtype, device=device
+        )
         self.config = config
         self.block_size = block_size
         self.device = device
@@ -167,6 +170,7 @@ class ModelRunner:
             prefills=[],
             decode_backend=self.decode_backend,
             prefill_softmax=self.prefill_softmax,
+            prefill_kernel=self.prefill_kernel,
         )
         start = len(decodes)
         for item in prefills:

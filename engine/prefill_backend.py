@@ -18,6 +18,8 @@ import torch
 from engine.attention import PrefillSegment, prefill_matmul, prefill_sdpa
 from engine.timing import best_time
 from kernels.cpu_layer import NativeLayer
+from kernels.cpu_native import NativeBuildError
+from kernels.cpu_prefill import NativePrefill, native_prefill
 
 log = logging.getLogger(__name__)
 
@@ -77,3 +79,19 @@ def choose_prefill_softmax(
         _CHUNK, dtype,
     )  # fmt: skip
     return native if chosen == "matmul" else None
+
+
+def choose_prefill_kernel(
+    softmax: NativeLayer | None, *, head_dim: int, dtype: torch.dtype, device: torch.device
+) -> NativePrefill | None:
+    """Where the matmul form was chosen, in bf16 on a CPU with AVX512-BF16: the kernel that
+    computes it in one call (kernels/cpu_prefill.cpp: the same values bit for bit in the cases
+    tested, 1.1-1.5x faster on 64-512-token chunks, causal blocks skipped); else None."""
+    if softmax is None or dtype is not torch.bfloat16 or device.type != "cpu":
+        return None
+    try:
+        kernel = native_prefill()
+    except NativeBuildError as exc:
+        log.warning("native prefill attention unavailable (%s)", exc)
+        return None
+    return kernel if kernel.supports(dtype, device, head_dim) else None

@@ -11,9 +11,9 @@
 //
 // Layout: for each block of 64 outputs, the pairs of the input dimension one after another,
 // each pair's 64 x 2 values side by side ([n / 64][k / 2][64][2], the layout vdpbf16ps takes),
-// so one block is one sequential stream. A block's rows are taken 6 at a time (24 accumulators,
-// four weight registers and a broadcast: 29 of the 32 vector registers), reading the block
-// from L2 after the first tile; work items are (block, up to 96 rows), split between threads.
+// so one block is one sequential stream. A block's rows are taken 6 at a time (cpu_dot_tile.h),
+// reading the block from L2 after the first tile; work items are (block, up to 96 rows), split
+// between threads.
 //
 // Values: float32 products and sums (each vdpbf16ps adds a pair of exact bf16 products to its
 // float32 lane), the bias added in float32, one rounding to bf16 at the end: what oneDNN and
@@ -24,11 +24,8 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-#endif
-
 #include "cpu_bf16.h"
+#include "cpu_dot_tile.h"
 
 namespace {
 
@@ -36,72 +33,25 @@ using loragate::BFloat16;
 using loragate::from_float;
 using loragate::to_float;
 
-constexpr int64_t kCols = 64;     // outputs per block: four 16-float registers per row
-constexpr int64_t kTile = 6;      // rows per register tile
-constexpr int64_t kChunk = 96;    // rows per work item: a block's panel reused 16 times from L2
-// How far ahead of the loads the prefetch runs, in bf16 values: 16 pairs of the block (8 KB).
-constexpr int64_t kPrefetch = 16 * 2 * kCols;
+using loragate::kDotCols;
+
+constexpr int64_t kChunk = 96;  // rows per work item: a block's panel reused 16 times from L2
 
 #if defined(__AVX512BF16__)
-// One block of 64 outputs for M rows (M <= 6): acc[m][j] holds outputs 16 j .. 16 j + 15.
-template <int M>
-void tile(const uint16_t* x, int64_t x_stride, int64_t k, const uint16_t* w,
-          const uint16_t* bias, uint16_t* y, int64_t y_stride, int64_t cols) {
-    // Every loop over acc is unrolled so its indices are constants: GCC then keeps acc in
-    // registers (with one loop left rolled it stored all 24 to the stack every step, 2.4x slower).
-    __m512 acc[M][4];
-#pragma GCC unroll 6
-    for (int m = 0; m < M; m++)
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) acc[m][j] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < k / 2; p++, w += 2 * kCols) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetch + kCols), _MM_HINT_T0);
-        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w);
-        const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + 32);
-        const __m512bh w2 = (__m512bh)_mm512_loadu_si512(w + 64);
-        const __m512bh w3 = (__m512bh)_mm512_loadu_si512(w + 96);
-#pragma GCC unroll 6
-        for (int m = 0; m < M; m++) {
-            int32_t pair;  // x[m, 2p] and x[m, 2p + 1], broadcast to every lane
-            std::memcpy(&pair, x + m * x_stride + 2 * p, sizeof pair);
-            const __m512bh xp = (__m512bh)_mm512_set1_epi32(pair);
-            acc[m][0] = _mm512_dpbf16_ps(acc[m][0], xp, w0);
-            acc[m][1] = _mm512_dpbf16_ps(acc[m][1], xp, w1);
-            acc[m][2] = _mm512_dpbf16_ps(acc[m][2], xp, w2);
-            acc[m][3] = _mm512_dpbf16_ps(acc[m][3], xp, w3);
-        }
-    }
-    float sums[M][kCols];
-#pragma GCC unroll 6
-    for (int m = 0; m < M; m++)
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) _mm512_storeu_ps(sums[m] + 16 * j, acc[m][j]);
-    for (int m = 0; m < M; m++) {
-        for (int64_t c = 0; c < cols; c++) {  // cols < 64 only in a padded last block
-            float v = sums[m][c];
-            if (bias != nullptr) v += to_float(BFloat16{bias[c]});
-            y[m * y_stride + c] = from_float<BFloat16>(v).bits;
-        }
-    }
-}
-
-// Rows [first, last) of one block, six at a time, then the rest.
+// Rows [first, last) of one block, six at a time: float32 sums, the bias, one rounding.
 void block_rows(const uint16_t* x, int64_t x_stride, int64_t first, int64_t last, int64_t k,
                 const uint16_t* w, const uint16_t* bias, uint16_t* y, int64_t y_stride,
                 int64_t cols) {
-    int64_t r = first;
-    for (; r + kTile <= last; r += kTile)
-        tile<kTile>(x + r * x_stride, x_stride, k, w, bias, y + r * y_stride, y_stride, cols);
-    const uint16_t* xr = x + r * x_stride;
-    uint16_t* yr = y + r * y_stride;
-    switch (last - r) {
-        case 1: tile<1>(xr, x_stride, k, w, bias, yr, y_stride, cols); break;
-        case 2: tile<2>(xr, x_stride, k, w, bias, yr, y_stride, cols); break;
-        case 3: tile<3>(xr, x_stride, k, w, bias, yr, y_stride, cols); break;
-        case 4: tile<4>(xr, x_stride, k, w, bias, yr, y_stride, cols); break;
-        case 5: tile<5>(xr, x_stride, k, w, bias, yr, y_stride, cols); break;
-        default: break;
+    float sums[loragate::kDotRows][kDotCols];
+    for (int64_t r = first; r < last; r += loragate::kDotRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(loragate::kDotRows, last - r));
+        loragate::dot_rows(rows, x + r * x_stride, x_stride, k, w, sums);
+        for (int m = 0; m < rows; m++)
+            for (int64_t c = 0; c < cols; c++) {  // cols < 64 only in a padded last block
+                float v = sums[m][c];
+                if (bias != nullptr) v += to_float(BFloat16{bias[c]});
+                y[(r + m) * y_stride + c] = from_float<BFloat16>(v).bits;
+            }
     }
 }
 #endif
@@ -120,12 +70,12 @@ int matmul_available() {
 
 // w [n, k] row-major -> packed [ceil(n / 64)][k / 2][64][2], outputs past n zero (k even).
 void matmul_pack_bf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed) {
-    const int64_t blocks = (n + kCols - 1) / kCols;
+    const int64_t blocks = (n + kDotCols - 1) / kDotCols;
     for (int64_t b = 0; b < blocks; b++)
         for (int64_t p = 0; p < k / 2; p++)
-            for (int64_t c = 0; c < kCols; c++) {
-                uint16_t* out = packed + ((b * (k / 2) + p) * kCols + c) * 2;
-                const int64_t row = b * kCols + c;
+            for (int64_t c = 0; c < kDotCols; c++) {
+                uint16_t* out = packed + ((b * (k / 2) + p) * kDotCols + c) * 2;
+                const int64_t row = b * kDotCols + c;
                 out[0] = row < n ? w[row * k + 2 * p] : 0;
                 out[1] = row < n ? w[row * k + 2 * p + 1] : 0;
             }
@@ -138,14 +88,14 @@ void matmul_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k,
                  const uint16_t* packed, const uint16_t* bias, int64_t n, uint16_t* y,
                  int64_t y_stride, int threads) {
 #if defined(__AVX512BF16__)
-    const int64_t blocks = (n + kCols - 1) / kCols;
+    const int64_t blocks = (n + kDotCols - 1) / kDotCols;
     const int64_t chunks = (rows + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t item = 0; item < blocks * chunks; item++) {
         const int64_t b = item / chunks, first = (item % chunks) * kChunk;
         block_rows(x, x_stride, first, std::min(rows, first + kChunk), k,
-                   packed + b * (k / 2) * 2 * kCols, bias != nullptr ? bias + b * kCols : nullptr,
-                   y + b * kCols, y_stride, std::min(kCols, n - b * kCols));
+                   packed + b * (k / 2) * 2 * kDotCols, bias != nullptr ? bias + b * kDotCols : nullptr,
+                   y + b * kDotCols, y_stride, std::min(kDotCols, n - b * kDotCols));
     }
 #else
     (void)x, (void)rows, (void)x_stride, (void)k, (void)packed, (void)bias, (void)n, (void)y,

@@ -14,8 +14,9 @@ from engine import prefill_backend
 from engine.attention import AttentionMetadata, PrefillSegment, paged_attention, prefill_matmul
 from engine.config import EngineConfig
 from engine.decode_backend import choose_decode_backend
-from engine.prefill_backend import choose_prefill_softmax
+from engine.prefill_backend import choose_prefill_kernel, choose_prefill_softmax
 from kernels.cpu_layer import native_layer
+from kernels.cpu_prefill import native_prefill
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 8, 4
 NUM_BLOCKS = 64
@@ -120,6 +121,60 @@ def test_prefill_matmul_in_bfloat16_stays_within_rounding() -> None:
     )  # fmt: skip
     want = _naive(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float(), causal_from=0)
     torch.testing.assert_close(out.double(), want, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.skipif(
+    not native_prefill().available, reason="this CPU has no AVX512-BF16: no native prefill kernel"
+)
+def test_the_native_prefill_kernel_reads_each_segments_keys_from_the_cache() -> None:
+    """Two segments in one step, a fresh prompt and a chunk after 21 cached tokens, with every
+    K/V written to the cache first (as the model does): the kernel (given the slots of the
+    step's tokens or of the sequence's context) gives what the matmul form gives."""
+    heads, kv_heads, head_dim, block = 12, 4, 64, 16
+    rng, gen = random.Random(3), torch.Generator().manual_seed(3)
+    free = list(range(32))
+    rng.shuffle(free)
+    tables = [[free.pop() for _ in range(2)], [free.pop() for _ in range(4)]]
+    k_cache = torch.randn(kv_heads, 32 * block, head_dim, generator=gen).bfloat16()
+    v_cache = torch.randn(kv_heads, 32 * block, head_dim, generator=gen).bfloat16()
+
+    def slots(table: list[int], begin: int, end: int) -> torch.Tensor:
+        return torch.tensor([table[p // block] * block + p % block for p in range(begin, end)])
+
+    fresh, cached, chunk = 30, 21, 40  # segment 0: tokens 0..29; segment 1: tokens 21..60
+    q = torch.randn(fresh + chunk, heads, head_dim, generator=gen).bfloat16()
+    step_slots = torch.cat([slots(tables[0], 0, fresh), slots(tables[1], cached, cached + chunk)])
+    k = k_cache[:, step_slots].transpose(0, 1)  # this step's K/V, already in the cache
+    v = v_cache[:, step_slots].transpose(0, 1)
+    segments = [
+        PrefillSegment(0, fresh, 0, None),
+        PrefillSegment(fresh, chunk, cached, slots(tables[1], 0, cached + chunk)),
+    ]
+    outs = {}
+    for form in ("kernel", "matmul"):
+        meta = AttentionMetadata(
+            slot_mapping=step_slots,
+            num_decodes=0,
+            block_size=block,
+            decode_tables=None,
+            decode_lengths=[],
+            prefills=segments,
+            prefill_softmax=native_layer(),
+            prefill_kernel=native_prefill() if form == "kernel" else None,
+        )
+        outs[form] = paged_attention(q, k, v, k_cache, v_cache, meta, head_dim**-0.5)
+    step = outs["matmul"].float().abs().clamp_min(2**-20) * 2**-7
+    assert ((outs["kernel"].float() - outs["matmul"].float()).abs() <= step).all()
+    assert (outs["kernel"] == outs["matmul"]).float().mean() > 0.95
+
+
+def test_the_prefill_kernel_is_chosen_only_for_the_bf16_matmul_form() -> None:
+    cpu, native = torch.device("cpu"), native_layer()
+    kernel = choose_prefill_kernel(native, head_dim=64, dtype=torch.bfloat16, device=cpu)
+    assert (kernel is not None) == native_prefill().available
+    assert choose_prefill_kernel(None, head_dim=64, dtype=torch.bfloat16, device=cpu) is None
+    assert choose_prefill_kernel(native, head_dim=64, dtype=torch.float32, device=cpu) is None
+    assert choose_prefill_kernel(native, head_dim=8, dtype=torch.bfloat16, device=cpu) is None
 
 
 def test_prefill_form_is_chosen_by_timing(monkeypatch: pytest.MonkeyPatch) -> None:

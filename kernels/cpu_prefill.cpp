@@ -1,0 +1,173 @@
+// A prefill chunk's attention in bf16, in one call: kernels/cpu_prefill.py builds it with the
+// system's C++ compiler and engine/attention.py calls it through ctypes. It computes what
+// `prefill_matmul` in engine/attention.py computes (transformers' eager attention), reading the
+// keys and values where they lie in the paged cache:
+//
+//     score[t, j] = round(q[t] . key[j]) * scale                 j <= offset + t (causal)
+//     p[t, j]     = round(softmax(score[t])[j])        (float32 exp, sum and divide, as there)
+//     out[t]      = round(sum_j p[t, j] value[j])
+//
+// with float32 products and sums, `round` to bf16 where the eager path hands a bf16 tensor from
+// one op to the next. Query heads kv * group .. kv * group + group - 1 share KV head kv.
+//
+// Why: the eager form's two bf16 matmuls compute the full square of scores (the softmax then
+// zeroes what a query may not see) through oneDNN calls sized for larger problems, plus a
+// gather of the context and the softmax pass between: ~1.2 s of a 15 s mixed-lengths workload.
+// Here each KV head's keys and values are packed once into the dot-product tile's layout
+// (cpu_dot_tile.h: keys as the "outputs", values transposed), and each tile of 6 query rows
+// multiplies only the key blocks its last row can see.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cpu_bf16.h"
+#include "cpu_dot_tile.h"
+#include "cpu_math.h"
+
+namespace {
+
+using loragate::kDotCols;
+using loragate::kDotRows;
+
+#if defined(__AVX512BF16__)
+struct Chunk {
+    int64_t query_len, offset, context, num_heads, kv_heads, head_dim;
+    int64_t q_row_stride, q_head_stride, num_slots;
+    float scale;
+};
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// keys [context, head_dim] of one KV head -> [context / 64][head_dim / 2][64][2]; values ->
+// [head_dim / 64][context / 2][64][2] (pairs of keys side by side for each dimension). Rows past
+// the context are zero.
+void pack_head(const uint16_t* k_head, const uint16_t* v_head, const int64_t* slots,
+               const Chunk& c, uint16_t* keys, uint16_t* values) {
+    const int64_t hd = c.head_dim, key_blocks = round_up(c.context, kDotCols) / kDotCols;
+    for (int64_t b = 0; b < key_blocks; b++)
+        for (int64_t j = 0; j < kDotCols; j++) {
+            const int64_t t = b * kDotCols + j;
+            const uint16_t* row = t < c.context ? k_head + slots[t] * hd : nullptr;
+            for (int64_t p = 0; p < hd / 2; p++) {
+                uint16_t* out = keys + ((b * (hd / 2) + p) * kDotCols + j) * 2;
+                out[0] = row != nullptr ? row[2 * p] : 0;
+                out[1] = row != nullptr ? row[2 * p + 1] : 0;
+            }
+        }
+    const int64_t pairs = round_up(c.context, 2) / 2;
+    for (int64_t p = 0; p < pairs; p++)
+        for (int64_t half = 0; half < 2; half++) {
+            const int64_t t = 2 * p + half;
+            const uint16_t* row = t < c.context ? v_head + slots[t] * hd : nullptr;
+            for (int64_t d = 0; d < hd; d++)
+                values[(((d / kDotCols) * pairs + p) * kDotCols + d % kDotCols) * 2 + half] =
+                    row != nullptr ? row[d] : 0;
+        }
+}
+
+// Query rows t0 .. t0 + rows - 1 of query head `head`, against its KV head's packed keys and
+// values. scores: [kDotRows][context rounded up to 64] floats; probs: [kDotRows][context
+// rounded up to 2] bf16.
+void attend_tile(const uint16_t* q, const uint16_t* keys, const uint16_t* values, int64_t head,
+                 int64_t t0, int rows, const Chunk& c, float* scores, uint16_t* probs,
+                 uint16_t* out) {
+    const int64_t hd = c.head_dim, width = round_up(c.context, kDotCols);
+    const int64_t pairs = round_up(c.context, 2) / 2;
+    const int64_t visible = c.offset + t0 + rows;  // keys the tile's last row sees
+    const uint16_t* qt = q + t0 * c.q_row_stride + head * c.q_head_stride;
+    float sums[kDotRows][kDotCols];
+    const __m512 scale = _mm512_set1_ps(c.scale);
+    for (int64_t b = 0; b * kDotCols < visible; b++) {  // scores, key block by key block
+        loragate::dot_rows(rows, qt, c.q_row_stride, hd, keys + b * (hd / 2) * 2 * kDotCols, sums);
+        for (int m = 0; m < rows; m++)
+            for (int j = 0; j < 4; j++) {  // round to bf16 (nearest even), times the scale
+                const __m256bh half = _mm512_cvtneps_pbh(_mm512_loadu_ps(sums[m] + 16 * j));
+                const __m512 rounded = _mm512_castsi512_ps(
+                    _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)half), 16));
+                _mm512_storeu_ps(scores + m * width + b * kDotCols + 16 * j,
+                                 _mm512_mul_ps(rounded, scale));
+            }
+    }
+    const int64_t used = round_up(visible, 2);  // keys the values pass reads: pairs
+    for (int m = 0; m < rows; m++) {  // softmax over what row m sees, zeros after
+        float* s = scores + m * width;
+        uint16_t* p = probs + m * 2 * pairs;
+        const int64_t seen = c.offset + t0 + m + 1;
+        const __m512 inv = _mm512_set1_ps(loragate::softmax_unnormalised(s, seen));
+        for (int64_t j = 0; j < seen; j += 16) {  // rounded to bf16 (nearest even), 16 at a time
+            const __mmask16 lanes = seen - j >= 16 ? 0xffff : __mmask16((1u << (seen - j)) - 1);
+            const __m256bh half = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(s + j), inv));
+            _mm256_mask_storeu_epi16(p + j, lanes, (__m256i)half);
+        }
+        for (int64_t j = seen; j < used; j++) p[j] = 0;
+    }
+    for (int64_t db = 0; db < hd / kDotCols; db++) {  // values, 64 dimensions at a time
+        loragate::dot_rows(rows, probs, 2 * pairs, used, values + db * pairs * 2 * kDotCols, sums);
+        for (int m = 0; m < rows; m++) {
+            uint16_t* o = out + ((t0 + m) * c.num_heads + head) * hd + db * kDotCols;
+            for (int j = 0; j < 4; j++)
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16 * j),
+                                    (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(sums[m] + 16 * j)));
+        }
+    }
+}
+#endif
+
+}  // namespace
+
+extern "C" {
+
+int prefill_available() {
+#if defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+// q [query_len, num_heads, head_dim] (rows q_row_stride apart, heads q_head_stride apart, unit
+// stride within a head); k_cache, v_cache [kv_heads, num_slots, head_dim] contiguous; slots
+// [context] the cache slot of each key, context = offset + query_len (this chunk's K/V already
+// written); out [query_len, num_heads, head_dim] contiguous. head_dim a multiple of 64.
+void prefill_attention_bf16(const uint16_t* q, int64_t q_row_stride, int64_t q_head_stride,
+                            const uint16_t* k_cache, const uint16_t* v_cache, int64_t num_slots,
+                            const int64_t* slots, int64_t query_len, int64_t offset,
+                            uint16_t* out, int64_t num_heads, int64_t kv_heads, int64_t head_dim,
+                            float scale, int threads) {
+#if defined(__AVX512BF16__)
+    const Chunk c{query_len, offset, offset + query_len, num_heads, kv_heads, head_dim,
+                  q_row_stride, q_head_stride, num_slots, scale};
+    const int64_t key_values = round_up(c.context, kDotCols) * head_dim;
+    const int64_t value_values = round_up(c.context, 2) * head_dim;
+    std::vector<uint16_t> keys(kv_heads * key_values), values(kv_heads * value_values);
+    const int64_t group = num_heads / kv_heads;
+    const int64_t tiles = (query_len + kDotRows - 1) / kDotRows;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t h = 0; h < kv_heads; h++)
+            pack_head(k_cache + h * num_slots * head_dim, v_cache + h * num_slots * head_dim, slots,
+                      c, keys.data() + h * key_values, values.data() + h * value_values);
+        std::vector<float> scores(kDotRows * round_up(c.context, kDotCols));
+        std::vector<uint16_t> probs(kDotRows * round_up(c.context, 2));
+        // the last tiles see the most keys: dealt first, so the threads finish together
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < num_heads * tiles; item++) {
+            const int64_t tile = tiles - 1 - item / num_heads, head = item % num_heads;
+            const int64_t t0 = tile * kDotRows;
+            const int rows = static_cast<int>(std::min<int64_t>(kDotRows, query_len - t0));
+            const int64_t kv = head / group;
+            attend_tile(q, keys.data() + kv * key_values, values.data() + kv * value_values, head,
+                        t0, rows, c, scores.data(), probs.data(), out);
+        }
+    }
+#else
+    (void)q, (void)q_row_stride, (void)q_head_stride, (void)k_cache, (void)v_cache,
+        (void)num_slots, (void)slots, (void)query_len, (void)offset, (void)out, (void)num_heads,
+        (void)kv_heads, (void)head_dim, (void)scale, (void)threads;
+#endif
+}
+
+}  // extern "C"
