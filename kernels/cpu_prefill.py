@@ -22,7 +22,23 @@ SOURCE = Path(__file__).with_name("cpu_prefill.cpp")
 # The softmax rounds as kernels/cpu_layer.cpp's causal_softmax, built the same way.
 EXTRA_FLAGS = ("-ffp-contract=off",)
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_ARGTYPES: list[Any] = [_P, _I, _I, _P, _P, _I, _P, _I, _I, _P, _I, _I, _I, ctypes.c_float, ctypes.c_int]
+_ARGTYPES: list[Any] = [
+    _P,
+    _I,
+    _I,
+    _P,
+    _P,
+    _I,
+    _P,
+    _I,
+    _I,
+    _P,
+    _I,
+    _I,
+    _I,
+    ctypes.c_float,
+    ctypes.c_int,
+]
 
 
 class NativePrefill:
