@@ -27,7 +27,7 @@ from torch import nn
 
 from engine.packed_linear import PackedLinear
 from engine.timing import best_time
-from kernels.cpu_matmul import NativeMatmul, native_matmul
+from kernels.cpu_matmul import GATE_UP_GROUP, NativeMatmul, native_matmul
 from kernels.cpu_native import NativeBuildError
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def use_native_matmul(model: nn.Module, requested: str, dtype: torch.dtype) -> N
         return NativeMatmulUse(0, reason)
     assert kernel is not None
     if requested == "on":
-        _install(linears, kernel, None)
+        _install(linears, kernel, None, _gate_up_widths(model))
         return NativeMatmulUse(None, "on")
     # Timed with both copies; where a second copy of every weight would not fit, on the first
     # layer's projections alone (their figures at a few rows then read weights from cache).
@@ -93,7 +93,8 @@ def use_native_matmul(model: nn.Module, requested: str, dtype: torch.dtype) -> N
     ratios = {rows: _ratio(timed, rows) for rows in TIMED_ROWS}
     figures = "oneDNN / kernel time at " + ", ".join(f"{r} rows {x:.2f}" for r, x in ratios.items())
     if min(ratios.values()) >= _EVERY_ROW_RATIO:
-        _install(linears, kernel, None)  # layer by layer: oneDNN's copy goes as the kernel's comes
+        # layer by layer: oneDNN's copy goes as the kernel's comes
+        _install(linears, kernel, None, _gate_up_widths(model))
         return NativeMatmulUse(None, figures)
     limit = 0
     for rows, ratio in ratios.items():
@@ -108,10 +109,31 @@ def use_native_matmul(model: nn.Module, requested: str, dtype: torch.dtype) -> N
 
 
 def _install(
-    linears: list[PackedLinear], kernel: NativeMatmul | None, max_rows: int | None
+    linears: list[PackedLinear],
+    kernel: NativeMatmul | None,
+    max_rows: int | None,
+    gate_up: dict[int, int] | None = None,
 ) -> None:
     for m in linears:
-        m.use_native(kernel, max_rows)
+        m.use_native(kernel, max_rows, (gate_up or {}).get(id(m)))
+
+
+def _gate_up_widths(model: nn.Module) -> dict[int, int]:
+    """id -> width of each packed fused gate/up projection whose SiLU the kernel can apply in
+    the same pass: a module's `gate_up_proj` (or the base inside its LoRA wrapper) of
+    2 x its `intermediate` outputs (engine/models/llama.py's MLP)."""
+    widths = {}
+    for m in model.modules():
+        proj, width = getattr(m, "gate_up_proj", None), getattr(m, "intermediate", None)
+        base = getattr(proj, "base", proj)
+        if (
+            isinstance(base, PackedLinear)
+            and isinstance(width, int)
+            and width % GATE_UP_GROUP == 0
+            and base.out_features == 2 * width
+        ):
+            widths[id(base)] = width
+    return widths
 
 
 def _kernel() -> NativeMatmul | None:

@@ -26,7 +26,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.timing import best_time
-from kernels.cpu_matmul import NativeMatmul, unpack
+from kernels.cpu_matmul import (
+    NativeMatmul,
+    deinterleave_gate_up,
+    deinterleave_outputs,
+    interleave_gate_up,
+    unpack,
+)
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
@@ -92,25 +98,44 @@ class PackedLinear(nn.Module):
         # The kernel and its copy of the weight in its layout (use_native), or None.
         self.native: tuple[NativeMatmul, torch.Tensor] | None = None
         self.native_rows = 0
+        # A fused gate/up projection whose SiLU the kernel applies (`silu_forward`): its width,
+        # the copy's rows interleaved for it (kernels/cpu_matmul.py), and the bias likewise.
+        self.gate_up_width: int | None = None
+        self.native_bias: torch.Tensor | None = None
 
     @staticmethod
     def _onednn(weight: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(weight, None)
 
-    def use_native(self, kernel: NativeMatmul | None, max_rows: int | None = None) -> None:
+    def use_native(
+        self,
+        kernel: NativeMatmul | None,
+        max_rows: int | None = None,
+        gate_up_width: int | None = None,
+    ) -> None:
         """Run inputs of up to `max_rows` rows by `kernel` over a copy of the weight in its
-        layout; `max_rows` None: every input, and oneDNN's copy is dropped. `kernel` None: back
-        to oneDNN alone."""
+        layout; `max_rows` None: every input, and oneDNN's copy is dropped. `gate_up_width`
+        (every input only): this is a fused [gate | up] projection of that width, whose copy is
+        laid out so `silu_forward` can apply the SiLU in the same pass. `kernel` None: back to
+        oneDNN alone."""
         if kernel is not None and self.bias is not None and self.bias.dtype is not torch.bfloat16:
             raise ValueError(
                 f"the matmul kernel adds a bf16 bias, this layer's is {self.bias.dtype}"
             )
+        if gate_up_width is not None and (max_rows is not None or kernel is None):
+            raise ValueError("a gate/up layout needs the kernel to take every row")
+        weight = self.weight()
+        self.gate_up_width, self.native_bias = None, self.bias
         if kernel is None:
             if self.packed_weight is None:
-                self.packed_weight = self._onednn(self.weight())
+                self.packed_weight = self._onednn(weight)
             self.native, self.native_rows = None, 0
             return
-        weight = self.weight()
+        if gate_up_width is not None:
+            weight = interleave_gate_up(weight, gate_up_width)
+            if self.bias is not None:
+                self.native_bias = interleave_gate_up(self.bias, gate_up_width).contiguous()
+            self.gate_up_width = gate_up_width
         self.native = (kernel, kernel.pack(weight))
         self.native_rows = torch.iinfo(torch.int64).max if max_rows is None else max_rows
         if max_rows is None:
@@ -123,15 +148,30 @@ class PackedLinear(nn.Module):
         if self.packed_weight is not None:
             return self.packed_weight.to_dense()
         assert self.native is not None
-        return unpack(self.native[1], self.out_features, self.in_features).clone()
+        weight = unpack(self.native[1], self.out_features, self.in_features)
+        if self.gate_up_width is not None:
+            return deinterleave_gate_up(weight, self.gate_up_width)
+        return weight.clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, in_features]
         if self.native is not None and x.shape[0] <= self.native_rows:
             kernel, weight = self.native
-            return kernel(x, weight, self.out_features, self.bias)
+            y = kernel(x, weight, self.out_features, self.native_bias)
+            if self.gate_up_width is not None:
+                return deinterleave_outputs(y, self.gate_up_width)
+            return y
         return torch.ops.mkldnn._linear_pointwise(
             x.contiguous(), self.packed_weight, self.bias, "none", [], ""
         )
+
+    def silu_forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up of this fused projection in one pass (its rounding: as the separate
+        matmul and SiLU), or None where it is not laid out for that (use the two steps)."""
+        if self.gate_up_width is None:
+            return None
+        assert self.native is not None
+        kernel, weight = self.native
+        return kernel.silu(x, weight, self.gate_up_width, self.native_bias)
 
     def extra_repr(self) -> str:
         form = "packed"

@@ -38,6 +38,7 @@ using loragate::BFloat16;
 using loragate::exp_nonpositive;
 using loragate::from_float;
 using loragate::round_to;
+using loragate::silu;
 using loragate::softmax_unnormalised;
 using loragate::to_float;
 
@@ -124,15 +125,6 @@ int64_t rope_kv(T* q, int64_t q_stride, T* k, int64_t k_stride, const T* v, int6
         }
     }
     return bad;
-}
-
-// silu(g) = g sigmoid(g), the sigmoid from exp(-|g|) (<= 1, never overflows): 1 / (1 + e) for
-// g >= 0, e / (1 + e) below. Float32 throughout, as PyTorch's kernel computes it; the exp is
-// cpu_math.h's, so the loop vectorises (within ~1e-7 of libm's).
-inline float silu(float g) {
-    const float e = exp_nonpositive(-std::fabs(g));
-    const float sigmoid = (g >= 0.f ? 1.f : e) / (1.f + e);
-    return g * sigmoid;
 }
 
 template <typename T>

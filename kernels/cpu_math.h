@@ -2,6 +2,7 @@
 // vectorise.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -33,6 +34,16 @@ inline float exp_nonpositive(float x) {
 
 // The softmax of s[0, n), n >= 1, but for its last multiply: s[j] = exp(s[j] - max) in place,
 // and 1 / their sum returned. The attention kernels scale by it and round as their dtype holds.
+// silu(g) = g sigmoid(g), the sigmoid from exp(-|g|) (<= 1, never overflows): 1 / (1 + e) for
+// g >= 0, e / (1 + e) below. Float32 throughout, as PyTorch's kernel computes it; the exp is
+// the one above, so loops over it vectorise (within ~1e-7 of libm's). Callers build with
+// -ffp-contract=off to round as PyTorch does.
+inline float silu(float g) {
+    const float e = exp_nonpositive(-std::fabs(g));
+    const float sigmoid = (g >= 0.f ? 1.f : e) / (1.f + e);
+    return g * sigmoid;
+}
+
 inline float softmax_unnormalised(float* s, int64_t n) {
     float top = s[0];
 #pragma omp simd reduction(max : top)

@@ -26,6 +26,7 @@
 
 #include "cpu_bf16.h"
 #include "cpu_dot_tile.h"
+#include "cpu_math.h"
 
 namespace {
 
@@ -38,20 +39,58 @@ using loragate::kDotCols;
 constexpr int64_t kChunk = 96;  // rows per work item: a block's panel reused 16 times from L2
 
 #if defined(__AVX512BF16__)
-// Rows [first, last) of one block, six at a time: float32 sums, the bias, one rounding.
+// Rows [first, last) of one block, six at a time. Plain: the block's `cols` outputs, each the
+// float32 sum plus the bias, rounded once. Silu: the block holds 32 gate and then the 32
+// matching up outputs (matmul_silu_bf16's layout), and the 32 outputs are
+// round(round(silu(gate)) * up), gate and up each rounded first (what the separate matmul and
+// kernels/cpu_layer.cpp's silu_mul compute). The loops over a row's outputs are plain
+// element-wise loops, so they vectorise (the SiLU's exp included).
+template <bool Silu>
 void block_rows(const uint16_t* x, int64_t x_stride, int64_t first, int64_t last, int64_t k,
                 const uint16_t* w, const uint16_t* bias, uint16_t* y, int64_t y_stride,
                 int64_t cols) {
     float sums[loragate::kDotRows][kDotCols];
+    float b[kDotCols];
+    for (int64_t c = 0; c < kDotCols; c++)
+        b[c] = bias != nullptr && c < cols ? to_float(BFloat16{bias[c]}) : 0.f;
+    constexpr int64_t kHalf = kDotCols / 2;
     for (int64_t r = first; r < last; r += loragate::kDotRows) {
         const int rows = static_cast<int>(std::min<int64_t>(loragate::kDotRows, last - r));
         loragate::dot_rows(rows, x + r * x_stride, x_stride, k, w, sums);
-        for (int m = 0; m < rows; m++)
-            for (int64_t c = 0; c < cols; c++) {  // cols < 64 only in a padded last block
-                float v = sums[m][c];
-                if (bias != nullptr) v += to_float(BFloat16{bias[c]});
-                y[(r + m) * y_stride + c] = from_float<BFloat16>(v).bits;
+        for (int m = 0; m < rows; m++) {
+            uint16_t* out = y + (r + m) * y_stride;
+            const float* s = sums[m];
+            if (Silu) {
+#pragma omp simd
+                for (int64_t c = 0; c < kHalf; c++) {
+                    const float gate = loragate::round_to<BFloat16>(s[c] + b[c]);
+                    const float up = loragate::round_to<BFloat16>(s[c + kHalf] + b[c + kHalf]);
+                    const float act = loragate::round_to<BFloat16>(loragate::silu(gate));
+                    out[c] = from_float<BFloat16>(act * up).bits;
+                }
+            } else if (cols == kDotCols) {
+#pragma omp simd
+                for (int64_t c = 0; c < kDotCols; c++) out[c] = from_float<BFloat16>(s[c] + b[c]).bits;
+            } else {  // a padded last block
+                for (int64_t c = 0; c < cols; c++) out[c] = from_float<BFloat16>(s[c] + b[c]).bits;
             }
+        }
+    }
+}
+
+template <bool Silu>
+void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const uint16_t* packed,
+            const uint16_t* bias, int64_t n, uint16_t* y, int64_t y_stride, int threads) {
+    const int64_t blocks = (n + kDotCols - 1) / kDotCols;
+    const int64_t chunks = (rows + kChunk - 1) / kChunk;
+    const int64_t out_cols = Silu ? kDotCols / 2 : kDotCols;  // outputs a block writes
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t item = 0; item < blocks * chunks; item++) {
+        const int64_t b = item / chunks, first = (item % chunks) * kChunk;
+        block_rows<Silu>(x, x_stride, first, std::min(rows, first + kChunk), k,
+                         packed + b * (k / 2) * 2 * kDotCols,
+                         bias != nullptr ? bias + b * kDotCols : nullptr, y + b * out_cols,
+                         y_stride, std::min(kDotCols, n - b * kDotCols));
     }
 }
 #endif
@@ -88,15 +127,21 @@ void matmul_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k,
                  const uint16_t* packed, const uint16_t* bias, int64_t n, uint16_t* y,
                  int64_t y_stride, int threads) {
 #if defined(__AVX512BF16__)
-    const int64_t blocks = (n + kDotCols - 1) / kDotCols;
-    const int64_t chunks = (rows + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t item = 0; item < blocks * chunks; item++) {
-        const int64_t b = item / chunks, first = (item % chunks) * kChunk;
-        block_rows(x, x_stride, first, std::min(rows, first + kChunk), k,
-                   packed + b * (k / 2) * 2 * kDotCols, bias != nullptr ? bias + b * kDotCols : nullptr,
-                   y + b * kDotCols, y_stride, std::min(kDotCols, n - b * kDotCols));
-    }
+    matmul<false>(x, rows, x_stride, k, packed, bias, n, y, y_stride, threads);
+#else
+    (void)x, (void)rows, (void)x_stride, (void)k, (void)packed, (void)bias, (void)n, (void)y,
+        (void)y_stride, (void)threads;
+#endif
+}
+
+// A fused gate/up projection and the SiLU after it: the weight (and bias) packed from rows
+// ordered gate 0..31, up 0..31, gate 32..63, up 32..63, ... (n = 2 * width, width a multiple of
+// 32); y[r, :width] = round(round(silu(gate)) * up).
+void matmul_silu_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k,
+                      const uint16_t* packed, const uint16_t* bias, int64_t n, uint16_t* y,
+                      int64_t y_stride, int threads) {
+#if defined(__AVX512BF16__)
+    matmul<true>(x, rows, x_stride, k, packed, bias, n, y, y_stride, threads);
 #else
     (void)x, (void)rows, (void)x_stride, (void)k, (void)packed, (void)bias, (void)n, (void)y,
         (void)y_stride, (void)threads;

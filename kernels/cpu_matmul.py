@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -19,7 +20,10 @@ from kernels import huge_pages
 from kernels.cpu_native import build
 
 SOURCE = Path(__file__).with_name("cpu_matmul.cpp")
+# The fused SiLU rounds as kernels/cpu_layer.cpp's silu_mul, built the same way.
+EXTRA_FLAGS = ("-ffp-contract=off",)
 COLS = 64  # outputs per packed block
+GATE_UP_GROUP = COLS // 2  # gate outputs (and as many up outputs) in one block of the fused form
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -34,6 +38,28 @@ def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return packed.view(blocks, k // 2, COLS, 2).permute(0, 2, 1, 3).reshape(blocks * COLS, k)[:n]
 
 
+def interleave_gate_up(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Rows [gate 0..width) + [up 0..width) of a fused gate/up weight (or bias) reordered as
+    gate 0..31, up 0..31, gate 32..63, up 32..63, ...: the order `silu` takes them in."""
+    rest = t.shape[1:]
+    groups = t.reshape(2, width // GATE_UP_GROUP, GATE_UP_GROUP, *rest)
+    return groups.transpose(0, 1).reshape(2 * width, *rest)
+
+
+def deinterleave_gate_up(t: torch.Tensor, width: int) -> torch.Tensor:
+    """The inverse of `interleave_gate_up` (a weight's rows, a bias)."""
+    rest = t.shape[1:]
+    groups = t.reshape(width // GATE_UP_GROUP, 2, GATE_UP_GROUP, *rest)
+    return groups.transpose(0, 1).reshape(2 * width, *rest)
+
+
+def deinterleave_outputs(y: torch.Tensor, width: int) -> torch.Tensor:
+    """[rows, 2 * width] outputs of a matmul by an interleaved weight back in [gate | up] order."""
+    rows = y.shape[0]
+    groups = y.view(rows, width // GATE_UP_GROUP, 2, GATE_UP_GROUP)
+    return groups.transpose(1, 2).reshape(rows, 2 * width)
+
+
 class NativeMatmul:
     def __init__(self, library: Path):
         lib = ctypes.CDLL(str(library))
@@ -44,6 +70,9 @@ class NativeMatmul:
         self._matmul = lib.matmul_bf16
         self._matmul.argtypes = [_P, _I, _I, _I, _P, _P, _I, _P, _I, ctypes.c_int]
         self._matmul.restype = None
+        self._silu = lib.matmul_silu_bf16
+        self._silu.argtypes = self._matmul.argtypes
+        self._silu.restype = None
         self.library = library
 
     def packs(self, weight: torch.Tensor) -> bool:
@@ -80,6 +109,28 @@ class NativeMatmul:
         n: int,
         bias: torch.Tensor | None = None,  # [n] bf16, contiguous
     ) -> torch.Tensor:  # [rows, n] bf16
+        return self._run(self._matmul, x, packed, n, n, bias)
+
+    def silu(
+        self,
+        x: torch.Tensor,  # [rows, k] bf16
+        packed: torch.Tensor,  # from `pack` of an interleaved (interleave_gate_up) [2 w, k] weight
+        width: int,  # w, a multiple of 32
+        bias: torch.Tensor | None = None,  # [2 w] bf16, interleaved too
+    ) -> torch.Tensor:  # [rows, w] bf16: round(round(silu(gate)) * up)
+        if width % GATE_UP_GROUP:
+            raise ValueError(f"the fused SiLU takes widths that are multiples of 32, got {width}")
+        return self._run(self._silu, x, packed, 2 * width, width, bias)
+
+    def _run(
+        self,
+        entry: Any,
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        n: int,
+        out_width: int,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
         if x.dim() != 2 or x.dtype is not torch.bfloat16:
             raise ValueError(
                 f"the matmul kernel takes [rows, k] bf16, got {x.dtype} {tuple(x.shape)}"
@@ -93,10 +144,10 @@ class NativeMatmul:
             raise ValueError(f"bias must be contiguous [{n}]")
         if bias is not None and bias.dtype is not torch.bfloat16:
             raise ValueError(f"bias must be bf16, got {bias.dtype}")
-        y = torch.empty(rows, n, dtype=torch.bfloat16)
+        y = torch.empty(rows, out_width, dtype=torch.bfloat16)
         if rows == 0:
             return y
-        self._matmul(
+        entry(
             x.data_ptr(),
             rows,
             x.stride(0),
@@ -105,7 +156,7 @@ class NativeMatmul:
             None if bias is None else bias.data_ptr(),
             n,
             y.data_ptr(),
-            n,
+            out_width,
             torch.get_num_threads(),
         )
         return y
@@ -115,4 +166,4 @@ class NativeMatmul:
 def native_matmul() -> NativeMatmul:
     """The kernel, built on first call. Raises kernels.cpu_native.NativeBuildError where it
     cannot be built; not cached then."""
-    return NativeMatmul(build(source=SOURCE))
+    return NativeMatmul(build(source=SOURCE, extra_flags=EXTRA_FLAGS))

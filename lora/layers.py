@@ -120,6 +120,21 @@ class LoRALinear(nn.Module):
             )
         return out
 
+    def silu_forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The base's fused SiLU pass (engine/packed_linear.py) where no token of this step adds
+        a delta here (the delta must come before the SiLU); None: the caller runs the two steps."""
+        batch = self.context.batch
+        fused = getattr(self.base, "silu_forward", None)
+        if fused is None:
+            return None
+        if batch is not None:
+            for part in batch.parts:
+                meta = part.metas[len(self.subs) - 1]
+                if any(self.targets[s] for s in meta.active_slots):
+                    return None
+        result: torch.Tensor | None = fused(x)
+        return result
+
     def set_slot(self, slot: int, layer: int, adapter: LoadedAdapter | None) -> None:
         """Write (or clear) one slot's weights for every sub-projection of this wrapper."""
         a_slot, b_slot = self.lora_a[slot], self.lora_b[slot]

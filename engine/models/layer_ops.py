@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from engine.models.rope import RotaryEmbedding, apply_rotary
 from kernels.cpu_layer import NativeLayer
@@ -89,6 +90,17 @@ class LayerOps:
         k_cache.index_copy_(1, slot_mapping, k.transpose(0, 1))
         v_cache.index_copy_(1, slot_mapping, v.transpose(0, 1))
         return q, k
+
+    def gate_up_silu(self, proj: nn.Module, x: torch.Tensor, width: int) -> torch.Tensor:
+        """silu(gate) * up of the fused projection `proj` of x: in one pass where `proj` offers
+        it (`silu_forward`: the native matmul kernel, engine/packed_linear.py), else the
+        projection and then `silu_mul`. Both round alike."""
+        fused = getattr(proj, "silu_forward", None)
+        if fused is not None and not torch.compiler.is_compiling():
+            out: torch.Tensor | None = fused(x)
+            if out is not None:
+                return out
+        return self.silu_mul(proj(x), width)
 
     def silu_mul(self, gate_up: torch.Tensor, width: int) -> torch.Tensor:
         """[num_tokens, 2 * width] (gate, up) -> silu(gate) * up."""

@@ -91,7 +91,7 @@ class MLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_mul(self.gate_up_proj(x), self.intermediate))
+        return self.down_proj(self.ops.gate_up_silu(self.gate_up_proj, x, self.intermediate))
 
 
 class DecoderLayer(nn.Module):

@@ -17,6 +17,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.native_matmul import TIMED_ROWS, NativeMatmulUse, use_native_matmul
 from engine.packed_linear import PackedLinear, can_pack, pack_linears
+from kernels.cpu_layer import native_layer
 from kernels.cpu_matmul import NativeMatmul
 from kernels.cpu_matmul import native_matmul as kernel_of
 from tests.engine.engine_helpers import random_prompts, request, run_to_completion
@@ -71,6 +72,28 @@ def test_every_row_on_the_kernel_drops_onednns_copy_and_can_get_it_back() -> Non
     layer.use_native(None)  # oneDNN alone again, repacked from the kernel's copy
     assert layer.packed_weight is not None and layer.native is None
     assert torch.equal(layer(x), F.linear(x, weight, layer.bias))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_gate_up_projection_applies_its_silu_in_the_same_pass(bias: bool) -> None:
+    torch.manual_seed(1)
+    linear = nn.Linear(64, 2 * 96, bias=bias).to(torch.bfloat16)
+    layer = PackedLinear(linear)
+    weight = layer.weight()
+    assert layer.silu_forward(torch.randn(3, 64).bfloat16()) is None  # oneDNN: not laid out
+    layer.use_native(kernel_of(), max_rows=None, gate_up_width=96)
+    assert torch.equal(layer.weight(), weight)  # the interleaved copy reads back in order
+    plain = PackedLinear(linear)
+    plain.use_native(kernel_of(), max_rows=None)
+    for rows in (1, 7, 70):
+        x = torch.randn(rows, 64).bfloat16()
+        assert torch.equal(layer(x), plain(x))  # outputs in [gate | up] order
+        fused = layer.silu_forward(x)
+        assert fused is not None and torch.equal(fused, native_layer().silu_mul(plain(x)))
+    with pytest.raises(ValueError, match="every row"):
+        layer.use_native(kernel_of(), max_rows=8, gate_up_width=96)
+    layer.use_native(None)  # back to oneDNN: the plain weight again
+    assert layer.gate_up_width is None and torch.equal(layer.weight(), weight)
 
 
 def _ratios(values: dict[int, float]):  # type: ignore[no-untyped-def]
@@ -197,6 +220,11 @@ def test_an_engine_on_the_kernel_is_as_close_to_float32_as_the_onednn_engine(
     for mode, dtype in (("off", "bfloat16"), ("on", "bfloat16"), ("off", "float32")):
         engine = _engine(tiny_model_dir, mode, dtype)
         assert engine.native_matmul.used == (mode == "on")
+        fused = [
+            m.gate_up_width for m in engine.runner.model.modules() if isinstance(m, PackedLinear)
+        ]
+        # on: every layer's gate/up projection laid out for its SiLU, and nothing else
+        assert sum(w is not None for w in fused) == (8 if mode == "on" else 0)
         calls = 0
         runs[mode, dtype] = _run(engine, prompts)
         counts[mode, dtype] = calls

@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.cpu_matmul import SOURCE, NativeMatmul, native_matmul, packed_size, unpack
+from kernels.cpu_layer import native_layer
+from kernels.cpu_matmul import (
+    SOURCE,
+    NativeMatmul,
+    deinterleave_gate_up,
+    deinterleave_outputs,
+    interleave_gate_up,
+    native_matmul,
+    packed_size,
+    unpack,
+)
 from kernels.cpu_native import build
 
 KERNEL = native_matmul()
@@ -106,3 +116,23 @@ def test_without_avx512_bf16_the_kernel_says_so(tmp_path: Path) -> None:
     assert not portable.packs(torch.randn(64, 32).bfloat16())
     with pytest.raises(ValueError, match="available: False"):
         portable.pack(torch.randn(64, 32).bfloat16())
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("rows", [1, 6, 13, 100])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_fused_silu_equals_the_matmul_then_silu_mul(rows: int, bias: bool) -> None:
+    """The gate/up projection and SiLU in one pass: bit for bit the separate matmul (gate and up
+    rounded to bf16) and kernels/cpu_layer.cpp's silu_mul, on the interleaved weight."""
+    width = 96
+    x, w, b, _ = _case(rows, 2 * width, 64, bias, seed=rows)
+    separate = native_layer().silu_mul(KERNEL(x, KERNEL.pack(w), 2 * width, b))
+    packed = KERNEL.pack(interleave_gate_up(w, width))
+    b_mixed = None if b is None else interleave_gate_up(b, width).contiguous()
+    assert torch.equal(KERNEL.silu(x, packed, width, b_mixed), separate)
+    # the same packed copy serves the plain matmul, its outputs put back in order
+    plain = deinterleave_outputs(KERNEL(x, packed, 2 * width, b_mixed), width)
+    assert torch.equal(plain, KERNEL(x, KERNEL.pack(w), 2 * width, b))
+    assert torch.equal(deinterleave_gate_up(interleave_gate_up(w, width), width), w)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        KERNEL.silu(x, packed, 80, b_mixed)
