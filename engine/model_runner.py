@@ -22,8 +22,8 @@ from engine.prefill_backend import choose_prefill_kernel, choose_prefill_softmax
 from engine.scheduler import adapter_of
 from engine.sequence import Sequence
 from kernels import huge_pages
-from kernels.cpu_layer import NativeLayer, native_layer
-from kernels.cpu_native import NativeBuildError
+from kernels.cpu_layer import native_layer
+from kernels.cpu_native import built_or_none
 from lora.manager import LoRAManager
 
 log = logging.getLogger(__name__)
@@ -42,15 +42,6 @@ class ForwardOutput:
     sampling_seqs: list[Sequence]
     logits: torch.Tensor  # [len(sampling_seqs), vocab] at each sampling sequence's last position
     prompt_logits: list[PromptLogits]
-
-
-def _native_layer() -> NativeLayer | None:
-    """The fused layer kernels, or None (PyTorch operators) where no C++ compiler builds them."""
-    try:
-        return native_layer()
-    except NativeBuildError as exc:
-        log.warning("fused layer kernels unavailable (%s); PyTorch operators instead", exc)
-        return None
 
 
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -86,7 +77,11 @@ class ModelRunner:
             dtype=dtype,
             device=device,
         )
-        native = _native_layer() if fused_layer_ops and device.type == "cpu" else None
+        native = None
+        if fused_layer_ops and device.type == "cpu":
+            native = built_or_none(
+                native_layer, "fused layer kernels unavailable; PyTorch operators instead"
+            )
         if native is not None:
             model.use_layer_ops(native)
         self.prefill_softmax = choose_prefill_softmax(

@@ -28,7 +28,7 @@ from torch import nn
 from engine.packed_linear import PackedLinear
 from engine.timing import best_time
 from kernels.cpu_matmul import GATE_UP_GROUP, NativeMatmul, native_matmul
-from kernels.cpu_native import NativeBuildError
+from kernels.cpu_native import built_or_none
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,9 @@ def use_native_matmul(model: nn.Module, requested: str, dtype: torch.dtype) -> N
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
     # The model's side first: a float32 or CUDA engine never builds the kernel's library.
     reason = _unusable(linears, dtype)
-    kernel = _kernel() if reason is None else None
+    kernel = None
+    if reason is None:
+        kernel = built_or_none(native_matmul, "native matmul kernel unavailable; oneDNN instead")
     if reason is None and (kernel is None or not kernel.available):
         reason = "the CPU has no AVX512-BF16 (or no C++ compiler)"
     if reason is not None:
@@ -134,14 +136,6 @@ def _gate_up_widths(model: nn.Module) -> dict[int, int]:
         ):
             widths[id(base)] = width
     return widths
-
-
-def _kernel() -> NativeMatmul | None:
-    try:
-        return native_matmul()
-    except NativeBuildError as exc:
-        log.warning("native matmul kernel unavailable (%s)", exc)
-        return None
 
 
 def _unusable(linears: list[PackedLinear], dtype: torch.dtype) -> str | None:

@@ -124,24 +124,29 @@ class PackedLinear(nn.Module):
             )
         if gate_up_width is not None and (max_rows is not None or kernel is None):
             raise ValueError("a gate/up layout needs the kernel to take every row")
-        weight = self.weight()
-        self.gate_up_width, self.native_bias = None, self.bias
+        # oneDNN's copy first (from the kernel's, in its current layout) where it is to stay
+        if (kernel is None or max_rows is not None) and self.packed_weight is None:
+            self.packed_weight = self._onednn(self.weight())
         if kernel is None:
-            if self.packed_weight is None:
-                self.packed_weight = self._onednn(weight)
             self.native, self.native_rows = None, 0
+            self.gate_up_width, self.native_bias = None, self.bias
             return
-        if gate_up_width is not None:
-            weight = interleave_gate_up(weight, gate_up_width)
-            if self.bias is not None:
-                self.native_bias = interleave_gate_up(self.bias, gate_up_width).contiguous()
-            self.gate_up_width = gate_up_width
-        self.native = (kernel, kernel.pack(weight))
+        # the kernel's copy is packed again only when the kernel or its layout changes
+        # (start-up timing installs it once, then the choice keeps it)
+        if (
+            self.native is None
+            or self.native[0] is not kernel
+            or self.gate_up_width != gate_up_width
+        ):
+            weight, self.native_bias = self.weight(), self.bias
+            if gate_up_width is not None:
+                weight = interleave_gate_up(weight, gate_up_width)
+                if self.bias is not None:
+                    self.native_bias = interleave_gate_up(self.bias, gate_up_width).contiguous()
+            self.native, self.gate_up_width = (kernel, kernel.pack(weight)), gate_up_width
         self.native_rows = torch.iinfo(torch.int64).max if max_rows is None else max_rows
         if max_rows is None:
             self.packed_weight = None
-        elif self.packed_weight is None:
-            self.packed_weight = self._onednn(weight)
 
     def weight(self) -> torch.Tensor:
         """The plain [out, in] weight, unpacked (a copy)."""

@@ -18,7 +18,7 @@ import torch
 from engine.attention import PrefillSegment, prefill_matmul, prefill_sdpa
 from engine.timing import best_time
 from kernels.cpu_layer import NativeLayer
-from kernels.cpu_native import NativeBuildError
+from kernels.cpu_native import built_or_none
 from kernels.cpu_prefill import NativePrefill, native_prefill
 
 log = logging.getLogger(__name__)
@@ -89,9 +89,5 @@ def choose_prefill_kernel(
     tested, 1.1-1.5x faster on 64-512-token chunks, causal blocks skipped); else None."""
     if softmax is None or dtype is not torch.bfloat16 or device.type != "cpu":
         return None
-    try:
-        kernel = native_prefill()
-    except NativeBuildError as exc:
-        log.warning("native prefill attention unavailable (%s)", exc)
-        return None
-    return kernel if kernel.supports(dtype, device, head_dim) else None
+    kernel = built_or_none(native_prefill, "native prefill attention unavailable; two matmuls")
+    return kernel if kernel is not None and kernel.supports(dtype, device, head_dim) else None

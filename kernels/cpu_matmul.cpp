@@ -78,9 +78,13 @@ void block_rows(const uint16_t* x, int64_t x_stride, int64_t first, int64_t last
     }
 }
 
+#endif
+
+// Without AVX512-BF16 nothing is computed: `matmul_available` says 0 and no caller gets here.
 template <bool Silu>
 void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const uint16_t* packed,
             const uint16_t* bias, int64_t n, uint16_t* y, int64_t y_stride, int threads) {
+#if defined(__AVX512BF16__)
     const int64_t blocks = (n + kDotCols - 1) / kDotCols;
     const int64_t chunks = (rows + kChunk - 1) / kChunk;
     const int64_t out_cols = Silu ? kDotCols / 2 : kDotCols;  // outputs a block writes
@@ -92,8 +96,11 @@ void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const 
                          bias != nullptr ? bias + b * kDotCols : nullptr, y + b * out_cols,
                          y_stride, std::min(kDotCols, n - b * kDotCols));
     }
-}
+#else
+    (void)x, (void)rows, (void)x_stride, (void)k, (void)packed, (void)bias, (void)n, (void)y,
+        (void)y_stride, (void)threads;
 #endif
+}
 
 }  // namespace
 
@@ -126,12 +133,7 @@ void matmul_pack_bf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed)
 void matmul_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k,
                  const uint16_t* packed, const uint16_t* bias, int64_t n, uint16_t* y,
                  int64_t y_stride, int threads) {
-#if defined(__AVX512BF16__)
     matmul<false>(x, rows, x_stride, k, packed, bias, n, y, y_stride, threads);
-#else
-    (void)x, (void)rows, (void)x_stride, (void)k, (void)packed, (void)bias, (void)n, (void)y,
-        (void)y_stride, (void)threads;
-#endif
 }
 
 // A fused gate/up projection and the SiLU after it: the weight (and bias) packed from rows
@@ -140,12 +142,7 @@ void matmul_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k,
 void matmul_silu_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k,
                       const uint16_t* packed, const uint16_t* bias, int64_t n, uint16_t* y,
                       int64_t y_stride, int threads) {
-#if defined(__AVX512BF16__)
     matmul<true>(x, rows, x_stride, k, packed, bias, n, y, y_stride, threads);
-#else
-    (void)x, (void)rows, (void)x_stride, (void)k, (void)packed, (void)bias, (void)n, (void)y,
-        (void)y_stride, (void)threads;
-#endif
 }
 
 }  // extern "C"

@@ -19,17 +19,22 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from kernels.cpu_gathered import GatheredKernel, compiled_gathered_rows
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_rows.cpp")
 # headers every kernel source may include; their text is part of each library's cache key
@@ -49,6 +54,17 @@ MAX_FUSED_RANK = 3 * 256
 
 class NativeBuildError(RuntimeError):
     """No C++ compiler, or it failed: the compiled (inductor) kernel runs instead."""
+
+
+def built_or_none(make: Callable[[], T], what: str) -> T | None:
+    """`make()` (a kernel built on first call), or None with a warning naming `what` (the
+    caller's fallback, e.g. "fused layer kernels unavailable; PyTorch operators instead")
+    where it cannot be built."""
+    try:
+        return make()
+    except NativeBuildError as exc:
+        log.warning("%s (%s)", what, exc)
+        return None
 
 
 def cache_root() -> Path:

@@ -37,8 +37,9 @@ from torch import nn
 
 from kernels.cpu_gathered import GatheredKernel, compiled_gathered_rows, gathered_rows, warm_up
 from kernels.cpu_native import NativeBuildError, native_rows
+from kernels.lora_meta import LoRAKernelMeta
 from kernels.ops import lora_add
-from lora.batch import LoRABatch
+from lora.batch import LoRABatch, LoRAPart
 from lora.dims import BaseModelDims
 from lora.loader import LoadedAdapter
 
@@ -100,13 +101,7 @@ class LoRALinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, in_features]
         # The base may be an nn.Linear or its packed form (engine/packed_linear.py).
         out = self.base(x)  # [num_tokens, out_features]
-        batch = self.context.batch
-        if batch is None:
-            return out
-        for part in batch.parts:
-            meta = part.metas[len(self.subs) - 1]
-            if not any(self.targets[s] for s in meta.active_slots):
-                continue
+        for part, meta in self._parts_with_deltas():
             rows = part.rows
             lora_add(
                 x[rows],
@@ -123,17 +118,24 @@ class LoRALinear(nn.Module):
     def silu_forward(self, x: torch.Tensor) -> torch.Tensor | None:
         """The base's fused SiLU pass (engine/packed_linear.py) where no token of this step adds
         a delta here (the delta must come before the SiLU); None: the caller runs the two steps."""
-        batch = self.context.batch
         fused = getattr(self.base, "silu_forward", None)
-        if fused is None:
+        if fused is None or self._parts_with_deltas():
             return None
-        if batch is not None:
-            for part in batch.parts:
-                meta = part.metas[len(self.subs) - 1]
-                if any(self.targets[s] for s in meta.active_slots):
-                    return None
         result: torch.Tensor | None = fused(x)
         return result
+
+    def _parts_with_deltas(self) -> list[tuple[LoRAPart, LoRAKernelMeta]]:
+        """The step's parts (and this wrapper's kernel metadata for each) in which some token's
+        adapter targets a sub-projection here; none without a batch."""
+        batch = self.context.batch
+        if batch is None:
+            return []
+        found = []
+        for part in batch.parts:
+            meta = part.metas[len(self.subs) - 1]
+            if any(self.targets[s] for s in meta.active_slots):
+                found.append((part, meta))
+        return found
 
     def set_slot(self, slot: int, layer: int, adapter: LoadedAdapter | None) -> None:
         """Write (or clear) one slot's weights for every sub-projection of this wrapper."""
