@@ -117,7 +117,13 @@ class LLMEngine:
             max_num_seqs=config.max_num_seqs,
             compile_cache_dir=_optional_path(config.compile_cache_dir),
         )
-        self.sampler = Sampler(mc.vocab_size, self.device, seed=config.seed)
+        native = self.runner.native_layer
+        self.sampler = Sampler(
+            mc.vocab_size,
+            self.device,
+            seed=config.seed,
+            argmax=native.argmax if native is not None else None,
+        )
         self._requests: dict[RequestId, _RequestState] = {}
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()

@@ -84,6 +84,7 @@ class ModelRunner:
             )
         if native is not None:
             model.use_layer_ops(native)
+        self.native_layer = native  # also the sampler's greedy argmax (engine/llm_engine.py)
         self.prefill_softmax = choose_prefill_softmax(
             prefill_attention,
             native,

@@ -31,7 +31,6 @@ from kernels.cpu_matmul import (
     deinterleave_gate_up,
     deinterleave_outputs,
     interleave_gate_up,
-    unpack,
 )
 
 
@@ -153,7 +152,7 @@ class PackedLinear(nn.Module):
         if self.packed_weight is not None:
             return self.packed_weight.to_dense()
         assert self.native is not None
-        weight = unpack(self.native[1], self.out_features, self.in_features)
+        weight = self.native[0].unpack(self.native[1], self.out_features, self.in_features)
         if self.gate_up_width is not None:
             return deinterleave_gate_up(weight, self.gate_up_width)
         return weight.clone()

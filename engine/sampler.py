@@ -8,7 +8,7 @@ Logprobs are always those of the raw model logits (vLLM's default `raw_logprobs`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -74,9 +74,18 @@ def _needs_edit(row: SamplingRow) -> bool:
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, device: torch.device, seed: int = 0):
+    def __init__(
+        self,
+        vocab_size: int,
+        device: torch.device,
+        seed: int = 0,
+        argmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
+        """`argmax`: the greedy rows' argmax over raw logits where it beats torch's (the CPU's
+        native kernel, kernels/cpu_layer.py); it must pick as `Tensor.argmax` does."""
         self.vocab_size = vocab_size
         self.device = device
+        self._argmax = argmax
         # Randomness of every row without its own seed; greedy rows never draw from it.
         self._generator = torch.Generator(device=device)
         self._generator.manual_seed(seed)
@@ -90,8 +99,13 @@ class Sampler:
         random_rows = [i for i, row in enumerate(rows) if not is_greedy(row.params)]
         if not random_rows and not any(_needs_edit(row) for row in rows):
             # float32 conversion is exact, so the argmax (ties included) is the same; on CPU the
-            # float32 argmax is ~2x faster than a bf16 one even counting the conversion.
-            token_ids = logits.float().argmax(dim=-1)  # [num_rows]
+            # float32 argmax is ~2x faster than a bf16 one even counting the conversion, and
+            # the native one (no copy, vectorised, rows spread over the threads) faster still:
+            # 64 x 16384 bf16 logits in 0.27 ms against 0.77 (2-core AMX Xeon).
+            if self._argmax is not None and logits.device.type == "cpu":
+                token_ids = self._argmax(logits)
+            else:
+                token_ids = logits.float().argmax(dim=-1)  # [num_rows]
         else:
             processed = self._process(logits, rows)  # [num_rows, vocab] float32
             token_ids = self._choose(processed, rows, random_rows)  # [num_rows]

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "cpu_bf16.h"
@@ -162,6 +163,47 @@ void causal_softmax(T* scores, int64_t rows, int64_t cols, int64_t query_len, in
     }
 }
 
+// out[r] = the index of row r's largest value, as torch.argmax picks it: the first of equal
+// maxima, the first NaN where a row has one. One pass for the maximum (vectorised), one for
+// where it first is.
+template <typename T>
+void argmax_rows(const T* x, int64_t x_stride, int64_t rows, int64_t cols, int64_t* out,
+                 int64_t threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * cols > 65536)
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* row = x + r * x_stride;
+        float best = -std::numeric_limits<float>::infinity();
+        int nan = 0;
+#pragma omp simd reduction(max : best) reduction(| : nan)
+        for (int64_t j = 0; j < cols; ++j) {
+            const float v = to_float(row[j]);
+            best = v > best ? v : best;
+            nan |= v != v;
+        }
+        // where: a vectorised test a chunk of 64 at a time, then the chunk that has it
+        constexpr int64_t kChunk = 64;
+        int64_t at = 0, start = 0;
+        for (; start < cols; start += kChunk) {
+            const int64_t end = std::min(cols, start + kChunk);
+            int found = 0;
+#pragma omp simd reduction(| : found)
+            for (int64_t j = start; j < end; ++j) {
+                const float v = to_float(row[j]);
+                found |= nan ? v != v : v == best;
+            }
+            if (found) break;
+        }
+        for (int64_t j = start; j < cols; ++j) {
+            const float v = to_float(row[j]);
+            if (nan ? v != v : v == best) {
+                at = j;
+                break;
+            }
+        }
+        out[r] = at;
+    }
+}
+
 }  // namespace
 
 #define LORAGATE_LAYER_ENTRIES(T, suffix)                                                         \
@@ -191,6 +233,10 @@ void causal_softmax(T* scores, int64_t rows, int64_t cols, int64_t query_len, in
                                             int64_t query_len, int64_t offset, float scale,       \
                                             int64_t threads) {                                    \
         causal_softmax(scores, rows, cols, query_len, offset, scale, threads);                    \
+    }                                                                                             \
+    extern "C" void argmax_rows_##suffix(const T* x, int64_t x_stride, int64_t rows,              \
+                                         int64_t cols, int64_t* out, int64_t threads) {           \
+        argmax_rows(x, x_stride, rows, cols, out, threads);                                       \
     }
 
 LORAGATE_LAYER_ENTRIES(BFloat16, bf16)

@@ -32,6 +32,7 @@ _SIGNATURES = {
     "rope_kv": ([_P, _I, _P, _I, _P, _I, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P, _I, _P, _I], _I),
     "silu_mul": ([_P, _I, _P, _I, _I, _I, _I], None),
     "causal_softmax": ([_P, _I, _I, _I, _I, _F, _I], None),
+    "argmax_rows": ([_P, _I, _I, _I, _P, _I], None),
 }
 
 
@@ -172,6 +173,22 @@ class NativeLayer:
             scale,
             torch.get_num_threads(),
         )
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """`x.argmax(dim=-1)` of [rows, cols] logits (ties: the first; a NaN wins), int64,
+        without torch's float32 copy of bf16 logits."""
+        if not _rows_ok(x) or not self.supports(x):
+            raise ValueError(f"argmax needs [rows, cols] CPU rows with unit stride, got {x.dtype}")
+        out = torch.empty(x.shape[0], dtype=torch.int64)
+        self._entries["argmax_rows", x.dtype](
+            x.data_ptr(),
+            x.stride(0),
+            x.shape[0],
+            x.shape[1],
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return out
 
 
 @functools.cache

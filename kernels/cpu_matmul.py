@@ -1,5 +1,7 @@
-"""Matmuls in bfloat16 by the hand-written kernel (kernels/cpu_matmul.cpp, AVX512-BF16):
-y = x W^T + b over a weight packed once into the kernel's layout, for any number of rows.
+"""Matmuls in bfloat16 by the hand-written kernel (kernels/cpu_matmul.cpp, AVX512-BF16, and
+AMX where the CPU has it): y = x W^T + b over a weight packed once into the kernel's layout
+(AMX's for input widths that are a multiple of 32 where it runs: `tiled`), for any number of
+rows.
 engine/packed_linear.py uses it beside or instead of oneDNN's packed weight where a start-up
 timing says it pays (engine/native_matmul.py); the .cpp file says why and what it computes.
 
@@ -23,6 +25,7 @@ SOURCE = Path(__file__).with_name("cpu_matmul.cpp")
 # The fused SiLU rounds as kernels/cpu_layer.cpp's silu_mul, built the same way.
 EXTRA_FLAGS = ("-ffp-contract=off",)
 COLS = 64  # outputs per packed block
+TILE_COLS = 16  # outputs per column tile of the AMX layout
 GATE_UP_GROUP = COLS // 2  # gate outputs (and as many up outputs) in one block of the fused form
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
@@ -32,10 +35,13 @@ def packed_size(n: int, k: int) -> int:
     return -(-n // COLS) * COLS * k
 
 
-def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """The plain [n, k] weight back from the kernel's layout ([n / 64][k / 2][64][2])."""
+def unpack(packed: torch.Tensor, n: int, k: int, *, tiled: bool = False) -> torch.Tensor:
+    """The plain [n, k] weight back from the kernel's layout: [n / 64][k / 2][64][2], or
+    `tiled` (AMX) [n / 64][4][k / 2][16][2]."""
     blocks = -(-n // COLS)
-    return packed.view(blocks, k // 2, COLS, 2).permute(0, 2, 1, 3).reshape(blocks * COLS, k)[:n]
+    tile = TILE_COLS if tiled else COLS
+    view = packed.view(blocks, COLS // tile, k // 2, tile, 2)
+    return view.permute(0, 1, 3, 2, 4).reshape(blocks * COLS, k)[:n]
 
 
 def interleave_gate_up(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -73,7 +79,20 @@ class NativeMatmul:
         self._silu = lib.matmul_silu_bf16
         self._silu.argtypes = self._matmul.argtypes
         self._silu.restype = None
+        self._tiled = lib.matmul_tiled
+        self._tiled.argtypes = [_I]
+        self._tiled.restype = ctypes.c_int
+        # whether steps run on AMX's tiles (weights whose input width is a multiple of 64)
+        self.amx = self.available and bool(lib.matmul_amx())
         self.library = library
+
+    def tiled(self, k: int) -> bool:
+        """Whether a weight of `k` inputs is packed for AMX (see `unpack`)."""
+        return bool(self._tiled(k))
+
+    def unpack(self, packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+        """The plain [n, k] weight back from `pack`'s copy."""
+        return unpack(packed, n, k, tiled=self.tiled(k))
 
     def packs(self, weight: torch.Tensor) -> bool:
         """Whether `pack` takes this weight: bf16 [n, k] on the CPU, k even, and the CPU has

@@ -89,6 +89,21 @@ def capture_first_logits(engine: LLMEngine) -> dict[str, torch.Tensor]:
     return captured
 
 
+def capture_step_logits(engine: LLMEngine) -> dict[str, list[torch.Tensor]]:
+    """Record every sampling step's logits (float32) per request (wraps the real runner)."""
+    captured: dict[str, list[torch.Tensor]] = {}
+    execute = engine.runner.execute
+
+    def spy(sched):  # type: ignore[no-untyped-def]
+        forward = execute(sched)
+        for seq, row in zip(forward.sampling_seqs, forward.logits, strict=True):
+            captured.setdefault(seq.request.request_id, []).append(row.float().clone())
+        return forward
+
+    engine.runner.execute = spy  # type: ignore[method-assign]
+    return captured
+
+
 def random_prompts(seed: int, lengths: Iterable[int], vocab: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]

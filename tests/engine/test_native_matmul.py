@@ -20,7 +20,12 @@ from engine.packed_linear import PackedLinear, can_pack, pack_linears
 from kernels.cpu_layer import native_layer
 from kernels.cpu_matmul import NativeMatmul
 from kernels.cpu_matmul import native_matmul as kernel_of
-from tests.engine.engine_helpers import random_prompts, request, run_to_completion
+from tests.engine.engine_helpers import (
+    capture_step_logits,
+    random_prompts,
+    request,
+    run_to_completion,
+)
 
 pytestmark = pytest.mark.skipif(
     not (kernel_of().available and can_pack(torch.bfloat16, torch.device("cpu"))),
@@ -184,16 +189,7 @@ def _engine(model_dir: Path, mode: str, dtype: str = "bfloat16") -> LLMEngine:
 
 def _run(engine: LLMEngine, prompts: list[list[int]]):  # type: ignore[no-untyped-def]
     """The engine's tokens and every sampling step's logits (float32), per request."""
-    logits: dict[str, list[torch.Tensor]] = {}
-    execute = engine.runner.execute
-
-    def spy(sched):  # type: ignore[no-untyped-def]
-        forward = execute(sched)
-        for seq, row in zip(forward.sampling_seqs, forward.logits, strict=True):
-            logits.setdefault(seq.request.request_id, []).append(row.float().clone())
-        return forward
-
-    engine.runner.execute = spy  # type: ignore[method-assign]
+    logits = capture_step_logits(engine)
     for i, prompt in enumerate(prompts):
         engine.add_request(request(f"r{i}", prompt, max_tokens=10))
     return run_to_completion(engine), logits

@@ -3,9 +3,12 @@
 The layer alone: same values over decode-sized and prefill-sized inputs. The engine: every
 projection (the LoRA wrappers' base layers too) packed, the plain weights gone, and the same
 greedy tokens as an engine with `prepack_weights=False`, base model and adapters mixed in one
-batch. In bf16 both paths accumulate in float32 through oneDNN and round once to bf16; on the
-AVX512-BF16 bench box they agree bit for bit, which is what makes token equality a fair check in
-bf16. The bf16 tests need oneDNN's bf16 support and skip (saying so) without it; float32 runs
+batch. In bf16 both paths accumulate in float32 through oneDNN and round once to bf16; on an
+AVX512-BF16 EPYC they agreed bit for bit, but on an AMX Xeon oneDNN's packed and plain
+matmuls sum in different orders, and on this random tiny model a near tie then flips a token.
+So in bf16 the tokens must agree up to a near tie (the two picks within the runs' logit
+difference of each other) and the logits stay close until then; float32 must agree exactly.
+The bf16 tests need oneDNN's bf16 support and skip (saying so) without it; float32 runs
 on every x86 CPU, packed whether or not the start-up timing would pack it here.
 """
 
@@ -23,7 +26,12 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.packed_linear import PackedLinear, can_pack, pack_linears, packing_pays
 from lora.layers import LoRALinear
-from tests.engine.engine_helpers import random_prompts, request, run_to_completion
+from tests.engine.engine_helpers import (
+    capture_step_logits,
+    random_prompts,
+    request,
+    run_to_completion,
+)
 from tests.lora.peft_builders import AdapterSpec, make_peft_adapter
 
 CPU = torch.device("cpu")
@@ -96,7 +104,7 @@ def test_engine_packs_every_projection_and_keeps_the_tokens(
     distinct = random_prompts(seed=3, lengths=[5, 17, 40, 63], vocab=2600)
     prompts = [p for p in distinct for _ in (0, 1)]
     names = [None, "a", None, "b", None, "a", None, "b"]
-    tokens = {}
+    tokens, logits = {}, {}
     for prepack in (False, True):
         engine = _engine(tiny_model_dir, prepack=prepack, dtype=str(dtype).removeprefix("torch."))
         model = engine.runner.model
@@ -111,13 +119,17 @@ def test_engine_packs_every_projection_and_keeps_the_tokens(
         assert engine.lora is not None
         for name, path in adapters.items():
             engine.lora.add(name, str(path))
+        logits[prepack] = capture_step_logits(engine)
         for i, (prompt, name) in enumerate(zip(prompts, names, strict=True)):
             base = request(f"r{i}", prompt, max_tokens=12)
             engine.add_request(dataclasses.replace(base, adapter_name=name))
         collected = run_to_completion(engine)
         tokens[prepack] = [collected.tokens_of(f"r{i}") for i in range(len(prompts))]
     assert all(len(t) == 12 for t in tokens[True])
-    assert tokens[True] == tokens[False]
+    if dtype is torch.float32:
+        assert tokens[True] == tokens[False]
+    else:
+        _agree_up_to_a_near_tie(tokens, logits)
     # The adapters changed tokens, so the comparison covers the LoRA path too.
     pairs = zip(tokens[True][0::2], tokens[True][1::2], strict=True)
     assert sum(base != adapted for base, adapted in pairs) >= 2
@@ -136,3 +148,20 @@ def test_pack_linears_counts_what_it_replaced() -> None:
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4)))
     assert pack_linears(model) == 2
     assert pack_linears(model) == 0  # nothing plain left
+
+
+def _agree_up_to_a_near_tie(
+    tokens: dict[bool, list[list[int]]], logits: dict[bool, dict[str, list[torch.Tensor]]]
+) -> None:
+    """Per request, step by step: the two runs' logits within bf16 noise of each other, the
+    same token, or, at the first step they differ (nothing after it is compared), a near tie:
+    each run's pick scores within the logits' difference of the other run's pick."""
+    for i, (packed, plain) in enumerate(zip(tokens[True], tokens[False], strict=True)):
+        steps = zip(logits[True][f"r{i}"], logits[False][f"r{i}"], strict=True)
+        for step, (a, b) in enumerate(steps):
+            noise = (a - b).abs().max().item()
+            assert noise <= 0.05 * b.abs().max().item() + 1e-3, (i, step, noise)
+            if packed[step] != plain[step]:
+                assert a[plain[step]] >= a.max() - 2 * noise, (i, step, noise)
+                assert b[packed[step]] >= b.max() - 2 * noise, (i, step, noise)
+                break

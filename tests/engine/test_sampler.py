@@ -15,6 +15,7 @@ from engine.logits_processors import apply_min_p, apply_penalties, apply_top_k_t
 from engine.outputs import PositionLogprobs
 from engine.sampler import Sampler, SamplingRow
 from engine.sampling_params import SamplingParams
+from kernels.cpu_layer import native_layer
 
 CPU = torch.device("cpu")
 VOCAB = 32
@@ -83,6 +84,29 @@ def test_greedy_tie_breaks_to_lowest_id() -> None:
     logits[0, [7, 3, 20]] = 5.0
     tokens = Sampler(VOCAB, CPU).sample(logits, [make_row(SamplingParams(temperature=0.0))])
     assert tokens[0].token_id == 3
+
+
+def test_greedy_rows_take_the_native_argmax_where_given() -> None:
+    """The engine hands the sampler the CPU kernel's argmax (kernels/cpu_layer.py): plain greedy
+    batches use it on the raw bf16 logits, picking what torch picks (ties: the lowest id); rows
+    with edits (a penalty here) keep the processed float32 path."""
+    native = native_layer()
+    calls = []
+
+    def argmax(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x.dtype)
+        return native.argmax(x)
+
+    logits = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(4)).bfloat16()
+    logits[2, [9, 4]] = 30.0
+    sampler = Sampler(VOCAB, CPU, argmax=argmax)
+    greedy = [make_row(SamplingParams(temperature=0.0))] * 6
+    tokens = sampler.sample(logits, greedy)
+    assert [t.token_id for t in tokens] == logits.float().argmax(dim=-1).tolist()
+    assert tokens[2].token_id == 4 and calls == [torch.bfloat16]
+    penalised = [make_row(SamplingParams(temperature=0.0, presence_penalty=0.5))] * 6
+    sampler.sample(logits, penalised)
+    assert calls == [torch.bfloat16]
 
 
 def test_tiny_temperature_is_greedy() -> None:

@@ -155,3 +155,27 @@ def test_causal_softmax_refuses_a_chunk_that_sees_past_its_keys() -> None:
         native_layer().causal_softmax(scores, query_len=4, offset=2, scale=1.0)
     with pytest.raises(ValueError, match="contiguous"):
         native_layer().causal_softmax(scores[:, :4], query_len=4, offset=0, scale=1.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, cols", [(1, 7), (3, 1000), (64, 16384), (5, 33)])
+def test_argmax_picks_as_torch_does(dtype: torch.dtype, rows: int, cols: int) -> None:
+    gen = torch.Generator().manual_seed(rows * cols)
+    x = torch.randn(rows, cols, generator=gen).to(dtype)
+    if rows > 2 and cols > 20:
+        x[0, 3] = x[0, 17] = 40.0  # equal maxima: the first
+        x[1, 5] = x[1, 9] = float("nan")  # a NaN wins over any number, the first NaN
+        x[1, 2] = float("inf")
+        x[2] = float("-inf")  # nothing larger than the first
+    assert torch.equal(native_layer().argmax(x), x.argmax(dim=-1))
+    wide = torch.zeros(rows, cols + 9, dtype=dtype)
+    wide[:, :cols] = x
+    wide[:, cols:] = 1e4  # past the row's end: never read
+    assert torch.equal(native_layer().argmax(wide[:, :cols]), x.argmax(dim=-1))
+
+
+def test_argmax_refuses_what_it_cannot_read() -> None:
+    with pytest.raises(ValueError, match="argmax needs"):
+        native_layer().argmax(torch.randn(4, 8).t())
+    with pytest.raises(ValueError, match="argmax needs"):
+        native_layer().argmax(torch.randn(4, 8, dtype=torch.float64))

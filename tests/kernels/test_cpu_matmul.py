@@ -1,6 +1,9 @@
 """The bf16 matmul kernel (kernels/cpu_matmul.cpp) against float64 products of the same bf16
 values: float32 sums, one rounding to bf16, so within a bf16 step of the exact result; at every
-row count its tiles and work items split (1-5 left over after tiles of 6, chunks of 96)."""
+row count its tiles and work items split (1-5 left over after tiles of 6, chunks of 96; on AMX
+tiles of 16 rows, items of 64, a short step's single tile). On an AMX CPU the weights whose
+input width is a multiple of 32 take the AMX path and the others (k = 2, 8) the vdpbf16ps one;
+a build without AMX checks the latter on the same shapes."""
 
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ def _within_a_bf16_step(y: torch.Tensor, exact: torch.Tensor) -> None:
 
 
 @needs_bf16_dot
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 97, 200])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 16, 17, 64, 65, 97, 200])
 @pytest.mark.parametrize("n, k", [(64, 2), (1280, 768), (100, 64), (768, 2048), (130, 96)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_the_float64_products(rows: int, n: int, k: int, bias: bool) -> None:
@@ -86,6 +89,48 @@ def test_the_packed_layout_pads_outputs_to_blocks_of_64_and_unpacks() -> None:
     assert torch.equal(last[:, :36], w[64:].view(36, 4, 2).transpose(0, 1))
     assert not last[:, 36:].any()
     assert torch.equal(unpack(packed, 100, 8), w)
+
+
+needs_amx = pytest.mark.skipif(
+    not KERNEL.amx, reason="this CPU (or its kernel) gives no AMX tiles: the AMX path is not built"
+)
+
+
+@needs_amx
+def test_the_amx_layout_holds_column_tiles_of_16_and_unpacks() -> None:
+    n, k = 100, 64
+    w = torch.randn(n, k).bfloat16()
+    assert KERNEL.tiled(k) and not KERNEL.tiled(8)  # whole tiles of 32 inputs only
+    packed = KERNEL.pack(w)
+    assert packed.numel() == packed_size(n, k)
+    # block 0, column tile 0: outputs 0..15, pair after pair, each output's pair side by side
+    first = packed[: k * 16].view(k // 2, 16, 2)
+    assert torch.equal(first, w[:16].view(16, k // 2, 2).transpose(0, 1))
+    # column tile 1 follows it whole
+    second = packed[k * 16 : k * 32].view(k // 2, 16, 2)
+    assert torch.equal(second, w[16:32].view(16, k // 2, 2).transpose(0, 1))
+    # the last block's outputs past 100 are zero: its tiles 2 and 3 hold outputs 96..127
+    last = packed[64 * k :].view(4, k // 2, 16, 2)
+    assert torch.equal(last[2, :, :4], w[96:].view(4, k // 2, 2).transpose(0, 1))
+    assert not last[2, :, 4:].any() and not last[3].any()
+    assert torch.equal(KERNEL.unpack(packed, n, k), w)
+    assert not torch.equal(unpack(packed, n, k), w)  # the other layout's reading differs
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 15, 16, 33, 64, 129])
+def test_amx_and_the_dot_product_build_agree(rows: int, tmp_path: Path) -> None:
+    """The AMX path against the same library built without AMX (the vdpbf16ps loop every
+    machine with AVX512-BF16 runs): both within a bf16 step of the exact products and, summing
+    in another order, equal almost everywhere."""
+    plain = NativeMatmul(build(tmp_path, source=SOURCE, extra_flags=("-mno-amx-tile",)))
+    assert plain.available and not plain.amx and not plain.tiled(768)
+    x, w, b, exact = _case(rows, 320, 768, bias=True, seed=rows)
+    by_amx = KERNEL(x, KERNEL.pack(w), 320, b)
+    by_dot = plain(x, plain.pack(w), 320, b)
+    _within_a_bf16_step(by_amx, exact)
+    _within_a_bf16_step(by_dot, exact)
+    assert (by_amx == by_dot).float().mean().item() > 0.98
 
 
 @needs_bf16_dot

@@ -66,8 +66,11 @@ def test_matches_the_matmul_form_and_the_oracle(query_len, offset, shape) -> Non
     out = KERNEL(q, k_cache, v_cache, slots, offset, scale)
     assert out.shape == q.shape and out.dtype is torch.bfloat16 and not out.isnan().any()
     reference = _reference(q, k_cache.nan_to_num(), v_cache.nan_to_num(), slots, offset, scale)
-    # the same roundings: at most a bf16 step apart (float32 sums in another order), mostly equal
-    step = reference.float().abs().clamp_min(2**-20) * 2**-7
+    # the same roundings, float32 sums in another order: mostly equal, and within a bf16 step
+    # of each output row's largest value. (Not of each value: where a score's rounding flips,
+    # as against an AMX CPU's bmm, a probability moves by a bf16 step, and an output that
+    # cancels to near zero moves by that step of the values it sums.)
+    step = reference.float().abs().amax(-1, keepdim=True).clamp_min(2**-20) * 2**-7
     assert ((out.float() - reference.float()).abs() <= step).all()
     assert (out == reference).float().mean() > 0.95
     oracle = _oracle(q, k_cache, v_cache, slots, offset, scale)
