@@ -7,12 +7,13 @@ before it streams: on a 2-core AVX512-BF16 EPYC whose copy ran at 31 GB/s, the s
 the kernel, tiled, kept up with oneDNN on the EPYCs measured (1.1-1.7x at 1-64 rows, 1.01-1.04x
 at 200-2048 rows, session 12). On a CPU with AMX both multiply by AMX's tiles; the kernel ran
 1.3x oneDNN at 1-8 rows and 1.03-1.16x at 64-512 on two cores of an AMX Xeon, but 0.81x at
-512 rows on one (session 13). So "auto" times both on the model's own weights at 1, 8, 64 and 512 rows:
+512 rows on one (session 13). So "auto" times both on the model's own weights at 1, 8, 64, 512 and 2048 rows:
 
 - the kernel at least as fast everywhere (within the timing's noise): it takes every step and
   oneDNN's copy of the weights is dropped (one copy, as before);
-- clearly faster only up to some row count: it takes steps up to there over a second copy of
-  the weights (their memory doubles), if that copy fits in a quarter of the memory free;
+- clearly faster at the fewest rows and no slower up to some row count: it takes steps up to
+  there over a second copy of the weights (their memory doubles), if that copy fits in a
+  quarter of the memory free;
 - otherwise oneDNN alone. CUDA, float32 and CPUs without AVX512-BF16 keep oneDNN.
 """
 
@@ -34,7 +35,9 @@ from kernels.cpu_native import built_or_none
 log = logging.getLogger(__name__)
 
 MODES: tuple[str, ...] = ("auto", "on", "off")
-TIMED_ROWS: tuple[int, ...] = (1, 8, 64, 512)
+# 2048: a full prefill step at the default max_num_batched_tokens. On a 2-core AMX Xeon the
+# kernel kept up with oneDNN to 512 rows and ran at 0.63x its speed at 2048 (session 13).
+TIMED_ROWS: tuple[int, ...] = (1, 8, 64, 512, 2048)
 # At or above this everywhere, the kernel takes every step: a tie is worth one copy of the
 # weights instead of two.
 _EVERY_ROW_RATIO = 0.97
@@ -101,13 +104,15 @@ def use_native_matmul(model: nn.Module, requested: str, dtype: torch.dtype) -> N
         return NativeMatmulUse(None, figures)
     limit = 0
     for rows, ratio in ratios.items():
-        if ratio < _MIN_GAIN:
+        # the first row count must pay for the second copy; once it is there, larger steps
+        # go to the kernel wherever it is no slower (its fused SiLU is not in the timing)
+        if ratio < (_MIN_GAIN if limit == 0 else 1.0):
             break
         limit = rows
     if limit and not fits:
         limit = 0
         figures += f"; a second copy ({extra / 2**20:.0f} MiB) exceeds a quarter of free memory"
-    _install(linears, kernel if limit else None, limit)
+    _install(linears, kernel if limit else None, limit, _gate_up_widths(model) if limit else None)
     return NativeMatmulUse(limit, figures)
 
 

@@ -113,16 +113,16 @@ class PackedLinear(nn.Module):
         gate_up_width: int | None = None,
     ) -> None:
         """Run inputs of up to `max_rows` rows by `kernel` over a copy of the weight in its
-        layout; `max_rows` None: every input, and oneDNN's copy is dropped. `gate_up_width`
-        (every input only): this is a fused [gate | up] projection of that width, whose copy is
-        laid out so `silu_forward` can apply the SiLU in the same pass. `kernel` None: back to
-        oneDNN alone."""
+        layout; `max_rows` None: every input, and oneDNN's copy is dropped. `gate_up_width`:
+        this is a fused [gate | up] projection of that width, whose kernel copy is laid out so
+        `silu_forward` can apply the SiLU in the same pass (oneDNN's copy, where it stays, is
+        the plain weight). `kernel` None: back to oneDNN alone."""
         if kernel is not None and self.bias is not None and self.bias.dtype is not torch.bfloat16:
             raise ValueError(
                 f"the matmul kernel adds a bf16 bias, this layer's is {self.bias.dtype}"
             )
-        if gate_up_width is not None and (max_rows is not None or kernel is None):
-            raise ValueError("a gate/up layout needs the kernel to take every row")
+        if gate_up_width is not None and kernel is None:
+            raise ValueError("a gate/up layout is the kernel's: it needs the kernel")
         # oneDNN's copy first (from the kernel's, in its current layout) where it is to stay
         if (kernel is None or max_rows is not None) and self.packed_weight is None:
             self.packed_weight = self._onednn(self.weight())
@@ -170,8 +170,9 @@ class PackedLinear(nn.Module):
 
     def silu_forward(self, x: torch.Tensor) -> torch.Tensor | None:
         """silu(gate) * up of this fused projection in one pass (its rounding: as the separate
-        matmul and SiLU), or None where it is not laid out for that (use the two steps)."""
-        if self.gate_up_width is None:
+        matmul and SiLU), or None where it is not laid out for that or x has more rows than
+        the kernel takes (use the two steps)."""
+        if self.gate_up_width is None or x.shape[0] > self.native_rows:
             return None
         assert self.native is not None
         kernel, weight = self.native

@@ -28,18 +28,10 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_amx.h"
 #include "cpu_bf16.h"
 #include "cpu_dot_tile.h"
 #include "cpu_math.h"
-
-#if defined(__AVX512BF16__) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#define LORAGATE_AMX 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#else
-#define LORAGATE_AMX 0
-#endif
 
 namespace {
 
@@ -53,8 +45,6 @@ constexpr int64_t kChunk = 96;  // rows per work item: a block's panel reused 16
 
 #if LORAGATE_AMX
 constexpr int64_t kAmxRows = 16;  // rows of x in one tile
-constexpr long kArchReqXcompPerm = 0x1023;  // arch_prctl: ask for an extended state component
-constexpr long kXfeatureXtiledata = 18;     // AMX's tile data
 #endif
 
 #if defined(__AVX512BF16__)
@@ -125,23 +115,12 @@ void block_rows(const uint16_t* x, int64_t x_stride, int64_t first, int64_t last
 constexpr int64_t kTileCols = 16;  // outputs per column tile
 constexpr int64_t kAmxChunk = 4 * kAmxRows;  // rows per work item
 
-struct TileConfig {  // ldtilecfg's 64-byte operand, palette 1
-    uint8_t palette = 1;
-    uint8_t start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-
 // Tiles for row tiles of `m` rows (16, or fewer where the whole step is one short tile); per
 // thread, until _tile_release.
 inline void configure_tiles(int m) {
-    TileConfig config;
-    for (int t = 0; t < 8; t++) {
-        if (t == 5) continue;  // unused
-        config.rows[t] = static_cast<uint8_t>(t < 5 ? m : 16);  // B: 16 pairs of the input
-        config.colsb[t] = 64;
-    }
+    loragate::TileConfig config;
+    for (int t = 0; t < 5; t++) config.set(t, m, 64);   // the sums, x's rows
+    for (int t = 6; t < 8; t++) config.set(t, 16, 64);  // weights: 16 pairs of the input
     _tile_loadconfig(&config);
 }
 
@@ -185,17 +164,12 @@ void amx_block(const uint16_t* x, int64_t x_stride, int rows, int tiles, int64_t
     write_rows<Silu>(sums, rows, b, y, y_stride, cols);
 }
 
-// Linux hands a process AMX's tile state only when asked (arch_prctl); once, for the process.
-bool amx_permitted() {
-    static const bool permitted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-    return permitted;
-}
 #endif
 
 // Whether an [n, k] weight is packed (and multiplied) for AMX: whole tiles of 32 inputs.
 bool tiled(int64_t k) {
 #if LORAGATE_AMX
-    return k % 32 == 0 && amx_permitted();
+    return k % 32 == 0 && loragate::amx_permitted();
 #else
     (void)k;
     return false;
@@ -275,7 +249,7 @@ int matmul_available() {
 // and the kernel lets this process use them.
 int matmul_amx() {
 #if LORAGATE_AMX
-    return amx_permitted() ? 1 : 0;
+    return loragate::amx_permitted() ? 1 : 0;
 #else
     return 0;
 #endif

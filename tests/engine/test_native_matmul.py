@@ -95,8 +95,17 @@ def test_a_gate_up_projection_applies_its_silu_in_the_same_pass(bias: bool) -> N
         assert torch.equal(layer(x), plain(x))  # outputs in [gate | up] order
         fused = layer.silu_forward(x)
         assert fused is not None and torch.equal(fused, native_layer().silu_mul(plain(x)))
-    with pytest.raises(ValueError, match="every row"):
-        layer.use_native(kernel_of(), max_rows=8, gate_up_width=96)
+    # beside oneDNN (steps up to 8 rows): the kernel's copy interleaved, oneDNN's plain
+    layer.use_native(kernel_of(), max_rows=8, gate_up_width=96)
+    assert layer.packed_weight is not None and torch.equal(layer.weight(), weight)
+    x = torch.randn(8, 64).bfloat16()
+    fused = layer.silu_forward(x)
+    assert fused is not None and torch.equal(fused, native_layer().silu_mul(plain(x)))
+    x = torch.randn(9, 64).bfloat16()
+    assert layer.silu_forward(x) is None  # oneDNN's step: the two steps
+    torch.testing.assert_close(layer(x), F.linear(x, weight, layer.bias), atol=0.05, rtol=2**-7)
+    with pytest.raises(ValueError, match="needs the kernel"):
+        layer.use_native(None, max_rows=8, gate_up_width=96)
     layer.use_native(None)  # back to oneDNN: the plain weight again
     assert layer.gate_up_width is None and torch.equal(layer.weight(), weight)
 
@@ -107,24 +116,38 @@ def _ratios(values: dict[int, float]):  # type: ignore[no-untyped-def]
 
 def test_auto_takes_every_row_where_the_kernel_keeps_up(monkeypatch: pytest.MonkeyPatch) -> None:
     model = _packed_model()
-    monkeypatch.setattr(native_matmul, "_ratio", _ratios({1: 1.4, 8: 1.2, 64: 1.0, 512: 0.98}))
+    monkeypatch.setattr(
+        native_matmul, "_ratio", _ratios({1: 1.4, 8: 1.2, 64: 1.0, 512: 0.98, 2048: 0.99})
+    )
     use = use_native_matmul(model, "auto", torch.bfloat16)
     assert use.max_rows is None and use.used and use.describe() == "every step"
     assert "512 rows 0.98" in use.why
     assert _state(model) == [(True, False), (True, False)]  # one copy: the kernel's
+    # the largest step (a full prefill chunk) decides too: slower there, both copies
+    model = _packed_model()
+    monkeypatch.setattr(
+        native_matmul, "_ratio", _ratios({1: 1.4, 8: 1.2, 64: 1.16, 512: 1.03, 2048: 0.63})
+    )
+    use = use_native_matmul(model, "auto", torch.bfloat16)
+    assert use.max_rows == 512 and "2048 rows 0.63" in use.why
+    assert _state(model) == [(True, True), (True, True)]
 
 
 def test_auto_keeps_both_copies_where_the_kernel_wins_only_at_few_rows(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = _packed_model()
-    monkeypatch.setattr(native_matmul, "_ratio", _ratios({1: 1.4, 8: 1.1, 64: 0.9, 512: 0.5}))
+    monkeypatch.setattr(
+        native_matmul, "_ratio", _ratios({1: 1.4, 8: 1.1, 64: 0.9, 512: 0.5, 2048: 0.5})
+    )
     use = use_native_matmul(model, "auto", torch.bfloat16)
     assert use.max_rows == 8 and use.describe() == "steps of up to 8 rows"
     assert _state(model) == [(True, True), (True, True)]
     assert all(m.native_rows == 8 for m in model.modules() if isinstance(m, PackedLinear))
     # slower even at one row: oneDNN alone, the kernel's copies dropped
-    monkeypatch.setattr(native_matmul, "_ratio", _ratios({1: 1.01, 8: 1.1, 64: 0.9, 512: 0.5}))
+    monkeypatch.setattr(
+        native_matmul, "_ratio", _ratios({1: 1.01, 8: 1.1, 64: 0.9, 512: 0.5, 2048: 0.5})
+    )
     use = use_native_matmul(model, "auto", torch.bfloat16)
     assert use.max_rows == 0 and not use.used and use.describe() == "no"
     assert _state(model) == [(False, True), (False, True)]
@@ -136,7 +159,7 @@ def test_auto_keeps_one_copy_where_two_would_not_fit(monkeypatch: pytest.MonkeyP
 
     def ratio(linears, rows):  # type: ignore[no-untyped-def]
         timed.append(len(linears))
-        return {1: 1.4, 8: 1.1, 64: 0.9, 512: 0.5}[rows]
+        return {1: 1.4, 8: 1.1, 64: 0.9, 512: 0.5, 2048: 0.5}[rows]
 
     monkeypatch.setattr(native_matmul, "_ratio", ratio)
     monkeypatch.setattr(native_matmul, "_free_memory", lambda: 4 * 64 * 192 * 2)  # < 4x a copy

@@ -2,7 +2,9 @@
 against the eager path it replaces (gather each row's blocks, then `decode_matmul`) and a float64
 oracle, on the build this machine gets (AVX512-BF16 dot products, AVX-512 or AVX2 registers)
 and on the other builds: AVX-512 without its bf16 instructions (-mno-avx512bf16), AVX2
-(-mno-avx512f) and portable C (-mno-avx512f -mno-avx2)."""
+(-mno-avx512f) and portable C (-mno-avx512f -mno-avx2). On an AMX CPU the bf16 shapes whose
+blocks hold a multiple of 16 slots (and at most 16 query heads share a KV head) take the AMX
+scores; the -mno-amx-tile build is then the vdpbf16ps path on the same cases."""
 
 from __future__ import annotations
 
@@ -79,6 +81,9 @@ def _oracle(q, k_cache, v_cache, tables, lengths, block_size):  # type: ignore[n
 SHAPES = [  # (heads, kv_heads, head_dim, block_size): the AVX-512 sizes and the portable ones
     (12, 4, 64, 16),  # the small model: group 3
     (8, 8, 128, 16),  # no grouping, head_dim 128
+    (12, 4, 64, 32),  # two tiles of 16 keys a block (AMX)
+    (16, 1, 64, 16),  # 16 query heads on one KV head: the most the AMX scores take
+    (17, 1, 64, 16),  # one more: the vdpbf16ps path
     (6, 2, 128, 8),  # group 3 at head_dim 128: the bf16 value pass takes its heads 2 + 1
     (8, 2, 64, 1),  # one token a block
     (6, 2, 8, 4),  # head_dim the AVX-512 path does not take
@@ -115,8 +120,8 @@ def test_matches_the_eager_path_and_the_oracle(shape: tuple[int, int, int, int],
 
 @pytest.mark.parametrize(
     "flags",
-    [("-mno-avx512bf16",), ("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2")],
-    ids=["avx512", "avx2", "portable"],
+    [("-mno-amx-tile",), ("-mno-avx512bf16",), ("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2")],
+    ids=["no-amx", "avx512", "avx2", "portable"],
 )
 def test_the_other_builds_match_this_machines(tmp_path, flags) -> None:  # type: ignore[no-untyped-def]
     portable = NativePagedDecode(build(tmp_path, SOURCE, flags))

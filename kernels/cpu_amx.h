@@ -1,0 +1,45 @@
+// AMX for the hand-written kernels (kernels/cpu_matmul.cpp, kernels/cpu_attention.cpp): whether
+// the build has it, the tile configuration's layout, and the process's permission to use it.
+#pragma once
+
+#if defined(__AVX512BF16__) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define LORAGATE_AMX 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdint>
+#else
+#define LORAGATE_AMX 0
+#endif
+
+#if LORAGATE_AMX
+namespace loragate {
+
+// ldtilecfg's 64-byte operand, palette 1: each tile's rows and bytes a row (0: unused).
+struct TileConfig {
+    uint8_t palette = 1;
+    uint8_t start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+
+    void set(int tile, int tile_rows, int bytes_a_row) {
+        rows[tile] = static_cast<uint8_t>(tile_rows);
+        colsb[tile] = static_cast<uint16_t>(bytes_a_row);
+    }
+};
+
+// Linux hands a process AMX's tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); asked once, for the whole process. False: the kernel refused (an old
+// kernel, a hypervisor without it) and the callers keep their other loops.
+inline bool amx_permitted() {
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtiledata = 18;
+    static const bool permitted =
+        syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+    return permitted;
+}
+
+}  // namespace loragate
+#endif
