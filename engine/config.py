@@ -50,7 +50,8 @@ class EngineConfig:
     # has it, float32 where a start-up timing finds it faster: engine/packed_linear.py); off:
     # plain F.linear, the reference.
     prepack_weights: bool = True
-    # CPU, bf16, packed weights: matmuls by a hand-written AVX512-BF16 kernel instead of oneDNN
+    # CPU, bf16, packed weights: matmuls by a hand-written AVX512-BF16 (AMX where the CPU has
+    # it) kernel instead of oneDNN
     # (engine/native_matmul.py): "auto" times both at start-up (every step where the kernel keeps
     # up, dropping oneDNN's copy; only small steps, over a second copy, where it wins only
     # there), "on" (every step), or "off".
