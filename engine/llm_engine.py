@@ -117,13 +117,13 @@ class LLMEngine:
             max_num_seqs=config.max_num_seqs,
             compile_cache_dir=_optional_path(config.compile_cache_dir),
         )
+        # the layer kernels' argmax for greedy rows where they take the logits' dtype (the
+        # model's: bf16 or float32; float16 keeps torch's)
         native = self.runner.native_layer
-        self.sampler = Sampler(
-            mc.vocab_size,
-            self.device,
-            seed=config.seed,
-            argmax=native.argmax if native is not None else None,
-        )
+        argmax = None
+        if native is not None and native.supports(torch.empty(0, dtype=self.dtype)):
+            argmax = native.argmax
+        self.sampler = Sampler(mc.vocab_size, self.device, seed=config.seed, argmax=argmax)
         self._requests: dict[RequestId, _RequestState] = {}
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
