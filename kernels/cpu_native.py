@@ -40,7 +40,13 @@ SOURCE = Path(__file__).with_name("cpu_rows.cpp")
 # headers every kernel source may include; their text is part of each library's cache key
 HEADERS = tuple(
     Path(__file__).with_name(name)
-    for name in ("cpu_amx.h", "cpu_bf16.h", "cpu_math.h", "cpu_dot_tile.h")
+    for name in (
+        "cpu_amx.h",
+        "cpu_attention_bf16.h",
+        "cpu_bf16.h",
+        "cpu_math.h",
+        "cpu_dot_tile.h",
+    )
 )
 # -fno-trapping-math: without it GCC keeps every float select (a clamp, a sign test) a branch, and
 # loops with one (the softmax's and SiLU's exp) stay scalar; the kernels read no FP exception
