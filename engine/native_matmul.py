@@ -7,7 +7,8 @@ before it streams: on a 2-core AVX512-BF16 EPYC whose copy ran at 31 GB/s, the s
 the kernel, tiled, kept up with oneDNN on the EPYCs measured (1.1-1.7x at 1-64 rows, 1.01-1.04x
 at 200-2048 rows, session 12). On a CPU with AMX both multiply by AMX's tiles; the kernel ran
 1.3x oneDNN at 1-8 rows and 1.03-1.16x at 64-512 on two cores of an AMX Xeon, but 0.81x at
-512 rows on one (session 13). So "auto" times both on the model's own weights at 1, 8, 64, 512 and 2048 rows:
+512 rows on one (session 13). So "auto" times both on the model's own weights at 1, 8, 64,
+512 and 2048 rows:
 
 - the kernel at least as fast everywhere (within the timing's noise): it takes every step and
   oneDNN's copy of the weights is dropped (one copy, as before);

@@ -81,10 +81,11 @@ class EngineSettings(BaseModel):
     )
     native_matmul: Literal["auto", "on", "off"] = Field(
         default="auto",
-        description="CPU, bf16, packed weights: matmuls by a hand-written AVX512-BF16 (and AMX, "
-        "where the CPU has it) kernel instead of oneDNN; auto: timed at start-up, every step where the kernel keeps up "
-        "(oneDNN's copy of the weights dropped), only small steps over a second copy where it "
-        "wins only there and the copy fits in a quarter of free memory; on: every step",
+        description="CPU, bf16, packed weights: matmuls by a hand-written AVX512-BF16 (and "
+        "AMX, where the CPU has it) kernel instead of oneDNN; auto: timed at start-up, every "
+        "step where the kernel keeps up (oneDNN's copy of the weights dropped), only small "
+        "steps over a second copy where it wins only there and the copy fits in a quarter of "
+        "free memory; on: every step",
     )
     fused_layer_ops: bool = Field(
         default=True,

@@ -268,7 +268,9 @@ struct AmxPasses : DotPasses<HD> {
             _tile_stored(0, sums, 64);
         else
             _tile_stored(7, sums, 64);
-        const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(16));
+        // key i's score for head g lies at sums[i][g]: a column, 16 floats apart
+        const __m512i column = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160,
+                                                 176, 192, 208, 224, 240);
         const __mmask16 mask = __mmask16((1u << n) - 1);
         for (int64_t g = 0; g < group; g++) {
             const __m512 v = _mm512_i32gather_ps(
@@ -288,7 +290,8 @@ struct AmxPasses : DotPasses<HD> {
             for (int64_t p = 0; p < 16; p++)
                 for (int64_t g = 0; g < group; g++)
                     for (int e = 0; e < 2; e++)
-                        heads[j][p][g][e] = from_float<BFloat16>(qf[g * HD + 32 * j + 2 * p + e]).bits;
+                        heads[j][p][g][e] =
+                            from_float<BFloat16>(qf[g * HD + 32 * j + 2 * p + e]).bits;
         _tile_loadd(3, heads[0], 64);
         _tile_loadd(4, heads[1], 64);
         if constexpr (kPairs == 4) {
@@ -297,8 +300,8 @@ struct AmxPasses : DotPasses<HD> {
         }
         const __m512 scale_v = _mm512_set1_ps(scale);
         constexpr int64_t kAhead = DotPasses<HD>::kAhead;
-        int64_t block = 0, offset = 0;  // where key t0 lies
-        const auto keys_at = [&](int64_t t0) {
+        int64_t block = 0, offset = 0;  // where the next 16 keys lie
+        const auto next_keys = [&]() {
             if (offset == 0) {
                 for (int64_t ahead = block == 0 ? 1 : kAhead; ahead <= kAhead; ahead++)
                     if ((block + ahead) * bs < length)
@@ -306,21 +309,20 @@ struct AmxPasses : DotPasses<HD> {
                 prefetch_block<_MM_HINT_T1>(v_head + table[block] * bs * HD, bs * HD);
             }
             const BFloat16* keys = k_head + (table[block] * bs + offset) * HD;
-            (void)t0;
             offset += 16;
             if (offset == bs) offset = 0, block++;
             return keys;
         };
         int64_t t0 = 0;
         for (; t0 + 16 < length; t0 += 32) {  // two groups: their products overlap
-            products<0>(keys_at(t0));
-            products<7>(keys_at(t0 + 16));
+            products<0>(next_keys());
+            products<7>(next_keys());
             write<0>(scores, length, t0, 16, group, scale_v);
             write<7>(scores, length, t0 + 16, length - t0 - 16 < 16 ? length - t0 - 16 : 16,
                      group, scale_v);
         }
         if (t0 < length) {
-            products<0>(keys_at(t0));
+            products<0>(next_keys());
             write<0>(scores, length, t0, length - t0, group, scale_v);
         }
     }

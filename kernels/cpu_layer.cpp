@@ -165,7 +165,7 @@ void causal_softmax(T* scores, int64_t rows, int64_t cols, int64_t query_len, in
 
 // out[r] = the index of row r's largest value, as torch.argmax picks it: the first of equal
 // maxima, the first NaN where a row has one. One pass for the maximum (vectorised), one for
-// where it first is.
+// where it first is (testing 64 values at a time first measured no faster).
 template <typename T>
 void argmax_rows(const T* x, int64_t x_stride, int64_t rows, int64_t cols, int64_t* out,
                  int64_t threads) {
@@ -180,20 +180,8 @@ void argmax_rows(const T* x, int64_t x_stride, int64_t rows, int64_t cols, int64
             best = v > best ? v : best;
             nan |= v != v;
         }
-        // where: a vectorised test a chunk of 64 at a time, then the chunk that has it
-        constexpr int64_t kChunk = 64;
-        int64_t at = 0, start = 0;
-        for (; start < cols; start += kChunk) {
-            const int64_t end = std::min(cols, start + kChunk);
-            int found = 0;
-#pragma omp simd reduction(| : found)
-            for (int64_t j = start; j < end; ++j) {
-                const float v = to_float(row[j]);
-                found |= nan ? v != v : v == best;
-            }
-            if (found) break;
-        }
-        for (int64_t j = start; j < cols; ++j) {
+        int64_t at = 0;
+        for (int64_t j = 0; j < cols; ++j) {
             const float v = to_float(row[j]);
             if (nan ? v != v : v == best) {
                 at = j;

@@ -43,9 +43,6 @@ using loragate::kDotCols;
 
 constexpr int64_t kChunk = 96;  // rows per work item: a block's panel reused 16 times from L2
 
-#if LORAGATE_AMX
-constexpr int64_t kAmxRows = 16;  // rows of x in one tile
-#endif
 
 #if defined(__AVX512BF16__)
 // One tile's rows written out. Plain: the block's `cols` outputs, each the float32 sum plus the
@@ -112,6 +109,7 @@ void block_rows(const uint16_t* x, int64_t x_stride, int64_t first, int64_t last
 // four row tiles 1.2x slower (five loads for four products, x's 64 rows from L2 each time);
 // software prefetch of the weights slower still.
 
+constexpr int64_t kAmxRows = 16;  // rows of x in one tile
 constexpr int64_t kTileCols = 16;  // outputs per column tile
 constexpr int64_t kAmxChunk = 4 * kAmxRows;  // rows per work item
 

@@ -82,7 +82,7 @@ class NativeMatmul:
         self._tiled = lib.matmul_tiled
         self._tiled.argtypes = [_I]
         self._tiled.restype = ctypes.c_int
-        # whether steps run on AMX's tiles (weights whose input width is a multiple of 64)
+        # whether steps run on AMX's tiles (weights whose input width is a multiple of 32)
         self.amx = self.available and bool(lib.matmul_amx())
         self.library = library
 

@@ -74,33 +74,30 @@ def run_to_completion(
     raise AssertionError("engine did not finish")
 
 
-def capture_first_logits(engine: LLMEngine) -> dict[str, torch.Tensor]:
-    """Record each request's logits at its first sampled position (wraps the real runner)."""
-    captured: dict[str, torch.Tensor] = {}
+def _spy_on_logits(engine: LLMEngine, record: Callable[[str, torch.Tensor], None]) -> None:
+    """Wrap the real runner: `record(request_id, logits row as float32)` at every sampled row."""
     execute = engine.runner.execute
 
     def spy(sched):  # type: ignore[no-untyped-def]
         forward = execute(sched)
         for seq, row in zip(forward.sampling_seqs, forward.logits, strict=True):
-            captured.setdefault(seq.request.request_id, row.float().clone())
+            record(seq.request.request_id, row.float().clone())
         return forward
 
     engine.runner.execute = spy  # type: ignore[method-assign]
+
+
+def capture_first_logits(engine: LLMEngine) -> dict[str, torch.Tensor]:
+    """Record each request's logits at its first sampled position (wraps the real runner)."""
+    captured: dict[str, torch.Tensor] = {}
+    _spy_on_logits(engine, captured.setdefault)
     return captured
 
 
 def capture_step_logits(engine: LLMEngine) -> dict[str, list[torch.Tensor]]:
     """Record every sampling step's logits (float32) per request (wraps the real runner)."""
     captured: dict[str, list[torch.Tensor]] = {}
-    execute = engine.runner.execute
-
-    def spy(sched):  # type: ignore[no-untyped-def]
-        forward = execute(sched)
-        for seq, row in zip(forward.sampling_seqs, forward.logits, strict=True):
-            captured.setdefault(seq.request.request_id, []).append(row.float().clone())
-        return forward
-
-    engine.runner.execute = spy  # type: ignore[method-assign]
+    _spy_on_logits(engine, lambda rid, row: captured.setdefault(rid, []).append(row))
     return captured
 
 
