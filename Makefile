@@ -100,7 +100,7 @@ bench: $(STAMP) $(MODEL_DIR)/small/config.json $(VLLM_STAMP)
 	$(BIN)/python bench/engine_throughput.py --model $(MODEL_DIR)/small --dtype both --threads $(NPROC) --vllm required --json bench/out/engine_throughput.json
 	$(BIN)/python bench/engine_throughput.py --model $(MODEL_DIR)/small --dtype both --threads 1 --vllm required --json bench/out/engine_throughput-1thread.json
 	$(BIN)/python bench/latency.py --model $(MODEL_DIR)/small --dtype both --threads $(NPROC) --json bench/out/latency.json
-	$(BIN)/python bench/native_matmul.py --model $(MODEL_DIR)/small --json bench/out/native_matmul.json
+	$(BIN)/python bench/native_matmul.py --model $(MODEL_DIR)/small --dtype both --json bench/out/native_matmul.json
 	$(BIN)/python bench/gateway_overhead.py --model $(MODEL_DIR)/tiny --json bench/out/gateway_overhead.json
 	$(BIN)/python bench/quota_admission.py --json bench/out/quota_admission.json
 	$(BIN)/python bench/lora_throughput.py --model $(MODEL_DIR)/small --threads $(NPROC) --vllm required --json bench/out/lora_throughput.json
@@ -114,7 +114,7 @@ bench-quick: $(STAMP) $(MODEL_DIR)/tiny/config.json
 	mkdir -p bench/out
 	$(BIN)/python bench/engine_throughput.py --quick --model $(MODEL_DIR)/tiny --dtype both --threads $(NPROC) --json bench/out/engine_throughput.json
 	$(BIN)/python bench/latency.py --quick --model $(MODEL_DIR)/tiny --threads $(NPROC) --json bench/out/latency.json
-	$(BIN)/python bench/native_matmul.py --quick --model $(MODEL_DIR)/tiny --json bench/out/native_matmul.json
+	$(BIN)/python bench/native_matmul.py --quick --model $(MODEL_DIR)/tiny --dtype both --json bench/out/native_matmul.json
 	$(BIN)/python bench/gateway_overhead.py --quick --model $(MODEL_DIR)/tiny --json bench/out/gateway_overhead.json
 	$(BIN)/python bench/quota_admission.py --quick --json bench/out/quota_admission.json
 	$(BIN)/python bench/lora_throughput.py --quick --model $(MODEL_DIR)/tiny --threads $(NPROC) --json bench/out/lora_throughput.json

@@ -20,7 +20,7 @@ from engine.lora_setup import build_lora_manager, lora_stats
 from engine.model_runner import ForwardOutput, ModelRunner, kv_bytes_per_block
 from engine.models.hf_config import load_model_config
 from engine.models.loader import load_model
-from engine.native_matmul import use_native_matmul
+from engine.native_matmul import prepare_linears
 from engine.outputs import (
     CompletionDelta,
     EngineStats,
@@ -30,7 +30,6 @@ from engine.outputs import (
     RequestOutput,
     RequestTimes,
 )
-from engine.packed_linear import can_pack, pack_linears, packing_pays
 from engine.request import EngineRequest, RequestId
 from engine.sampler import Sampler, SamplingRow
 from engine.scheduler import Scheduler, adapter_of
@@ -90,14 +89,12 @@ class LLMEngine:
             build_lora_manager(model, config, mc, self.device) if config.enable_lora else None
         )
         # After the LoRA wrappers: they hold the base layers, which get packed in place.
-        self.packed_linears = 0
-        if config.prepack_weights and config.enforce_eager and can_pack(self.dtype, self.device):
-            pays, figures = packing_pays(model, self.dtype)
-            log.info("packed linear weights: %s (%s)", "yes" if pays else "no", figures)
-            self.packed_linears = pack_linears(model) if pays else 0
-        self.native_matmul = use_native_matmul(model, config.native_matmul, self.dtype)
-        log.info(
-            "native matmul kernel: %s (%s)", self.native_matmul.describe(), self.native_matmul.why
+        self.packed_linears, self.native_matmul = prepare_linears(
+            model,
+            config.native_matmul,
+            self.dtype,
+            self.device,
+            pack=config.prepack_weights and config.enforce_eager,
         )
         self.scheduler = Scheduler(
             config, self.block_manager, None if self.lora is None else self.lora.cache

@@ -1,5 +1,5 @@
-"""Which steps multiply by the hand-written bf16 kernel (kernels/cpu_matmul.py) instead of
-oneDNN, decided once at start-up for the model's packed linears.
+"""Which steps multiply by the hand-written kernel (kernels/cpu_matmul.py) instead of oneDNN,
+decided once at start-up for the model's packed linears.
 
 At a few rows a step's matmuls only stream their weights, and oneDNN's call costs ~15-20 us
 before it streams: on a 2-core AVX512-BF16 EPYC whose copy ran at 31 GB/s, the small model's
@@ -7,15 +7,16 @@ before it streams: on a 2-core AVX512-BF16 EPYC whose copy ran at 31 GB/s, the s
 the kernel, tiled, kept up with oneDNN on the EPYCs measured (1.1-1.7x at 1-64 rows, 1.01-1.04x
 at 200-2048 rows, session 12). On a CPU with AMX both multiply by AMX's tiles; the kernel ran
 1.3x oneDNN at 1-8 rows and 1.03-1.16x at 64-512 on two cores of an AMX Xeon, but 0.81x at
-512 rows on one (session 13). So "auto" times both on the model's own weights at 1, 8, 64,
-512 and 2048 rows:
+512 rows on one (session 13). On an AVX2-only CPU oneDNN has no bf16 kernels at all and the
+kernel's FMA path multiplies bf16 weights at the float32 rate; float32 models go to the same
+path there. So "auto" times both on the model's own weights at 1, 8, 64, 512 and 2048 rows:
 
 - the kernel at least as fast everywhere (within the timing's noise): it takes every step and
   oneDNN's copy of the weights is dropped (one copy, as before);
 - clearly faster at the fewest rows and no slower up to some row count: it takes steps up to
   there over a second copy of the weights (their memory doubles), if that copy fits in a
   quarter of the memory free;
-- otherwise oneDNN alone. CUDA, float32 and CPUs without AVX512-BF16 keep oneDNN.
+- otherwise oneDNN alone. CUDA, float16 and CPUs without the instructions keep oneDNN.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.packed_linear import PackedLinear
+from engine.packed_linear import PackedLinear, can_pack, pack_linears, packing_pays
 from engine.timing import best_time
 from kernels.cpu_matmul import GATE_UP_GROUP, NativeMatmul, native_matmul
 from kernels.cpu_native import built_or_none
@@ -67,6 +68,33 @@ class NativeMatmulUse:
         return f"steps of up to {self.max_rows} rows" if self.max_rows else "no"
 
 
+def prepare_linears(
+    model: nn.Module, requested: str, dtype: torch.dtype, device: torch.device, *, pack: bool
+) -> tuple[int, NativeMatmulUse]:
+    """Pack the model's linears (engine/packed_linear.py) and install the kernel where it pays:
+    how many were packed, and what the kernel does. Where oneDNN has no kernels for the dtype
+    (bf16 on AVX2) but the matmul kernel does, the linears are wrapped over their plain weight
+    so the start-up timing can weigh the kernel against F.linear. `pack` False: nothing is
+    packed (and the kernel, having no packed linear to take, is not used)."""
+    packed = 0
+    if not pack:
+        pass
+    elif can_pack(dtype, device):
+        pays, figures = packing_pays(model, dtype)
+        log.info("packed linear weights: %s (%s)", "yes" if pays else "no", figures)
+        packed = pack_linears(model) if pays else 0
+    elif requested != "off" and device.type == "cpu" and dtype in (torch.bfloat16, torch.float32):
+        kernel = built_or_none(native_matmul, "native matmul kernel unavailable")
+        if kernel is not None and kernel.takes(dtype):
+            packed = pack_linears(model, onednn=False)
+            log.info(
+                "linear weights wrapped for the matmul kernel (oneDNN has no %s kernels)", dtype
+            )
+    use = use_native_matmul(model, requested, dtype)
+    log.info("native matmul kernel: %s (%s)", use.describe(), use.why)
+    return packed, use
+
+
 def use_native_matmul(model: nn.Module, requested: str, dtype: torch.dtype) -> NativeMatmulUse:
     """Install the kernel on every packed linear of `model` where `requested` (auto, on, off)
     and this machine say so; returns what it did and why."""
@@ -80,8 +108,8 @@ def use_native_matmul(model: nn.Module, requested: str, dtype: torch.dtype) -> N
     kernel = None
     if reason is None:
         kernel = built_or_none(native_matmul, "native matmul kernel unavailable; oneDNN instead")
-    if reason is None and (kernel is None or not kernel.available):
-        reason = "the CPU has no AVX512-BF16 (or no C++ compiler)"
+    if reason is None and (kernel is None or not kernel.takes(dtype)):
+        reason = f"the CPU has no {dtype} matmul instructions for it (or no C++ compiler)"
     if reason is not None:
         if requested == "on":
             raise ValueError(f"native_matmul 'on': {reason}")
@@ -92,7 +120,7 @@ def use_native_matmul(model: nn.Module, requested: str, dtype: torch.dtype) -> N
         return NativeMatmulUse(None, "on")
     # Timed with both copies; where a second copy of every weight would not fit, on the first
     # layer's projections alone (their figures at a few rows then read weights from cache).
-    extra = sum(m.in_features * m.out_features * 2 for m in linears)
+    extra = sum(m.in_features * m.out_features * dtype.itemsize for m in linears)
     free = _free_memory()
     fits = free is None or extra <= _MEMORY_SHARE * free
     timed = linears if fits else linears[:4]
@@ -146,8 +174,8 @@ def _gate_up_widths(model: nn.Module) -> dict[int, int]:
 
 
 def _unusable(linears: list[PackedLinear], dtype: torch.dtype) -> str | None:
-    if dtype is not torch.bfloat16:
-        return f"the kernel is bf16 only, the model runs {dtype}"
+    if dtype not in (torch.bfloat16, torch.float32):
+        return f"the kernel is bf16 or float32, the model runs {dtype}"
     if not linears:
         return "no packed linear layers"
     if any(m.in_features % 2 for m in linears):
@@ -168,13 +196,11 @@ def matmul_steps(
     """Every linear once at `rows` rows, as a step runs them (each weight from memory): one
     run through oneDNN, one through the kernel. Both copies must be installed
     (`use_native(kernel, max_rows)` with a limit)."""
-    inputs = {m.in_features: torch.randn(rows, m.in_features).to(torch.bfloat16) for m in linears}
+    inputs = {m.in_features: torch.randn(rows, m.in_features).to(m.dtype) for m in linears}
 
     def onednn() -> None:
         for m in linears:
-            torch.ops.mkldnn._linear_pointwise(
-                inputs[m.in_features], m.packed_weight, m.bias, "none", [], ""
-            )
+            m.reference(inputs[m.in_features])
 
     def kernel() -> None:
         for m in linears:

@@ -79,12 +79,17 @@ def _best_of(op: Callable[..., object], *args: object) -> float:
 class PackedLinear(nn.Module):
     """y = x W^T + b with W held in oneDNN's packed layout (opaque: no `.weight`) and/or in the
     hand-written kernel's (`use_native`: inputs of up to `native_rows` rows go to the kernel;
-    with no limit oneDNN's copy is dropped). engine/native_matmul.py decides where that pays."""
+    with no limit oneDNN's copy is dropped). engine/native_matmul.py decides where that pays.
 
-    def __init__(self, linear: nn.Linear):
+    `onednn` False (a CPU whose oneDNN has no kernels for the dtype, bf16 on AVX2): the
+    reference copy is the plain weight, multiplied by F.linear."""
+
+    def __init__(self, linear: nn.Linear, *, onednn: bool = True):
         super().__init__()
+        self.onednn = onednn
         self.in_features = linear.in_features
         self.out_features = linear.out_features
+        self.dtype = linear.weight.dtype
         # No batch-size hint: one packing serves decode (a few rows) and prefill (thousands).
         # None once the kernel takes every row.
         self.register_buffer(
@@ -102,8 +107,9 @@ class PackedLinear(nn.Module):
         self.gate_up_width: int | None = None
         self.native_bias: torch.Tensor | None = None
 
-    @staticmethod
-    def _onednn(weight: torch.Tensor) -> torch.Tensor:
+    def _onednn(self, weight: torch.Tensor) -> torch.Tensor:
+        if not self.onednn:
+            return weight.contiguous()
         return torch.ops.mkldnn._reorder_linear_weight(weight, None)
 
     def use_native(
@@ -117,9 +123,10 @@ class PackedLinear(nn.Module):
         this is a fused [gate | up] projection of that width, whose kernel copy is laid out so
         `silu_forward` can apply the SiLU in the same pass (oneDNN's copy, where it stays, is
         the plain weight). `kernel` None: back to oneDNN alone."""
-        if kernel is not None and self.bias is not None and self.bias.dtype is not torch.bfloat16:
+        if kernel is not None and self.bias is not None and self.bias.dtype is not self.dtype:
             raise ValueError(
-                f"the matmul kernel adds a bf16 bias, this layer's is {self.bias.dtype}"
+                f"the matmul kernel adds a bias of the weight's dtype ({self.dtype}), this "
+                f"layer's is {self.bias.dtype}"
             )
         if gate_up_width is not None and kernel is None:
             raise ValueError("a gate/up layout is the kernel's: it needs the kernel")
@@ -150,7 +157,7 @@ class PackedLinear(nn.Module):
     def weight(self) -> torch.Tensor:
         """The plain [out, in] weight, unpacked (a copy)."""
         if self.packed_weight is not None:
-            return self.packed_weight.to_dense()
+            return self.packed_weight.to_dense() if self.onednn else self.packed_weight.clone()
         assert self.native is not None
         weight = self.native[0].unpack(self.native[1], self.out_features, self.in_features)
         if self.gate_up_width is not None:
@@ -164,6 +171,13 @@ class PackedLinear(nn.Module):
             if self.gate_up_width is not None:
                 return deinterleave_outputs(y, self.gate_up_width)
             return y
+        return self.reference(x)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """oneDNN's matmul (or F.linear's) over the reference copy, whatever the kernel does."""
+        assert self.packed_weight is not None
+        if not self.onednn:
+            return F.linear(x, self.packed_weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(
             x.contiguous(), self.packed_weight, self.bias, "none", [], ""
         )
@@ -187,7 +201,7 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {form}"
 
 
-def pack_linears(model: nn.Module) -> int:
+def pack_linears(model: nn.Module, *, onednn: bool = True) -> int:
     """Replace every nn.Linear under `model` by a PackedLinear; returns how many."""
     targets = [
         (parent, name, child)
@@ -196,5 +210,5 @@ def pack_linears(model: nn.Module) -> int:
         if type(child) is nn.Linear
     ]
     for parent, name, child in targets:
-        setattr(parent, name, PackedLinear(child))
+        setattr(parent, name, PackedLinear(child, onednn=onednn))
     return len(targets)

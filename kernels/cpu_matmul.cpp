@@ -31,6 +31,7 @@
 #include "cpu_amx.h"
 #include "cpu_bf16.h"
 #include "cpu_dot_tile.h"
+#include "cpu_fma_tile.h"
 #include "cpu_math.h"
 
 namespace {
@@ -44,46 +45,46 @@ using loragate::kDotCols;
 constexpr int64_t kChunk = 96;  // rows per work item: a block's panel reused 16 times from L2
 
 
-#if defined(__AVX512BF16__)
-// One tile's rows written out. Plain: the block's `cols` outputs, each the float32 sum plus the
-// bias, rounded once. Silu: the block holds 32 gate and then the 32 matching up outputs
-// (matmul_silu_bf16's layout), and the 32 outputs are round(round(silu(gate)) * up), gate and
-// up each rounded first (what the separate matmul and kernels/cpu_layer.cpp's silu_mul
-// compute). The loops over a row's outputs are plain element-wise loops, so they vectorise
-// (the SiLU's exp included).
-template <bool Silu>
-inline void write_rows(const float (*sums)[kDotCols], int rows, const float* b, uint16_t* y,
+// One tile's rows written out (both paths). Plain: the block's `cols` outputs, each the float32
+// sum plus the bias, rounded once to Y. Silu: the block holds 32 gate and then the 32 matching
+// up outputs (matmul_silu_*'s layout), and the 32 outputs are round(round(silu(gate)) * up),
+// gate and up each rounded first (what the separate matmul and kernels/cpu_layer.cpp's silu_mul
+// compute; in float32 the roundings are no-ops). The loops over a row's outputs are plain
+// element-wise loops, so they vectorise (the SiLU's exp included).
+template <bool Silu, typename Y>
+inline void write_rows(const float (*sums)[kDotCols], int rows, const float* b, Y* y,
                        int64_t y_stride, int64_t cols) {
     constexpr int64_t kHalf = kDotCols / 2;
     for (int m = 0; m < rows; m++) {
-        uint16_t* out = y + m * y_stride;
+        Y* out = y + m * y_stride;
         const float* s = sums[m];
         if (Silu) {
 #pragma omp simd
             for (int64_t c = 0; c < kHalf; c++) {
-                const float gate = loragate::round_to<BFloat16>(s[c] + b[c]);
-                const float up = loragate::round_to<BFloat16>(s[c + kHalf] + b[c + kHalf]);
-                const float act = loragate::round_to<BFloat16>(loragate::silu(gate));
-                out[c] = from_float<BFloat16>(act * up).bits;
+                const float gate = loragate::round_to<Y>(s[c] + b[c]);
+                const float up = loragate::round_to<Y>(s[c + kHalf] + b[c + kHalf]);
+                const float act = loragate::round_to<Y>(loragate::silu(gate));
+                out[c] = from_float<Y>(act * up);
             }
         } else if (cols == kDotCols) {
 #pragma omp simd
-            for (int64_t c = 0; c < kDotCols; c++) out[c] = from_float<BFloat16>(s[c] + b[c]).bits;
+            for (int64_t c = 0; c < kDotCols; c++) out[c] = from_float<Y>(s[c] + b[c]);
         } else {  // a padded last block
-            for (int64_t c = 0; c < cols; c++) out[c] = from_float<BFloat16>(s[c] + b[c]).bits;
+            for (int64_t c = 0; c < cols; c++) out[c] = from_float<Y>(s[c] + b[c]);
         }
     }
 }
 
-inline void load_bias(const uint16_t* bias, int64_t cols, float* b) {
-    for (int64_t c = 0; c < kDotCols; c++)
-        b[c] = bias != nullptr && c < cols ? to_float(BFloat16{bias[c]}) : 0.f;
+template <typename Y>
+inline void load_bias(const Y* bias, int64_t cols, float* b) {
+    for (int64_t c = 0; c < kDotCols; c++) b[c] = bias != nullptr && c < cols ? to_float(bias[c]) : 0.f;
 }
 
+#if defined(__AVX512BF16__)
 // Rows [first, last) of one block by vdpbf16ps, six at a time.
 template <bool Silu>
 void block_rows(const uint16_t* x, int64_t x_stride, int64_t first, int64_t last, int64_t k,
-                const uint16_t* w, const uint16_t* bias, uint16_t* y, int64_t y_stride,
+                const uint16_t* w, const BFloat16* bias, BFloat16* y, int64_t y_stride,
                 int64_t cols) {
     float sums[loragate::kDotRows][kDotCols];
     float b[kDotCols];
@@ -91,7 +92,7 @@ void block_rows(const uint16_t* x, int64_t x_stride, int64_t first, int64_t last
     for (int64_t r = first; r < last; r += loragate::kDotRows) {
         const int rows = static_cast<int>(std::min<int64_t>(loragate::kDotRows, last - r));
         loragate::dot_rows(rows, x + r * x_stride, x_stride, k, w, sums);
-        write_rows<Silu>(sums, rows, b, y + r * y_stride, y_stride, cols);
+        write_rows<Silu, BFloat16>(sums, rows, b, y + r * y_stride, y_stride, cols);
     }
 }
 #endif
@@ -127,7 +128,7 @@ inline void configure_tiles(int m) {
 // of y.
 template <bool Silu>
 void amx_block(const uint16_t* x, int64_t x_stride, int rows, int tiles, int64_t k,
-               const uint16_t* w, const uint16_t* bias, uint16_t* y, int64_t y_stride,
+               const uint16_t* w, const BFloat16* bias, BFloat16* y, int64_t y_stride,
                int64_t cols) {
     alignas(64) float sums[kAmxChunk][kDotCols];
     float b[kDotCols];
@@ -159,26 +160,118 @@ void amx_block(const uint16_t* x, int64_t x_stride, int rows, int tiles, int64_t
         _tile_stored(2, st + 32, 4 * kDotCols);
         _tile_stored(3, st + 48, 4 * kDotCols);
     }
-    write_rows<Silu>(sums, rows, b, y, y_stride, cols);
+    write_rows<Silu, BFloat16>(sums, rows, b, y, y_stride, cols);
 }
 
 #endif
 
-// Whether an [n, k] weight is packed (and multiplied) for AMX: whole tiles of 32 inputs.
+#if LORAGATE_FMA && !defined(__AVX512BF16__)
+#define LORAGATE_FMA_BF16 1  // bf16 weights widened to float32 on the FMA path
+#else
+#define LORAGATE_FMA_BF16 0
+#endif
+
+// Whether an [n, k] bf16 weight is packed as column tiles of 16 outputs: for AMX (whole tiles
+// of 32 inputs), or on the FMA path, whose panels are the same tiles.
 bool tiled(int64_t k) {
 #if LORAGATE_AMX
     return k % 32 == 0 && loragate::amx_permitted();
 #else
     (void)k;
-    return false;
+    return LORAGATE_FMA_BF16;
 #endif
 }
 
+#if LORAGATE_FMA
+// The FMA path (cpu_fma_tile.h): a block's 64 outputs are four panels of 16. The rows are first
+// packed as float32 row tiles (the tile's layout, bf16 widened on the way), once for every
+// block. A work item is a block and up to 16 row tiles (96 or 80 rows); the inputs are taken in slabs of 256, and
+// each panel's slab (16 KB in float32) is read by every tile of the item's rows while it is in
+// L1, the tiles' slab from L2. Sums are kept per item and written out by write_rows at the end.
+constexpr int64_t kFmaTiles = 16;  // row tiles per work item
+constexpr int64_t kSlab = 256;
 
-// Without AVX512-BF16 nothing is computed: `matmul_available` says 0 and no caller gets here.
+template <bool Silu, typename W, typename X, typename Y>
+void fma_matmul(const X* x, int64_t rows, int64_t x_stride, int64_t k, const W* packed,
+                const Y* bias, int64_t n, Y* y, int64_t y_stride, int threads) {
+    constexpr int kRows = loragate::kFmaRows<W>;
+    constexpr int64_t kFmaChunk = kFmaTiles * kRows;
+    const int64_t tiles = (rows + kRows - 1) / kRows;
+    std::vector<float> xt(tiles * k * kRows);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t t = 0; t < tiles; t++) {
+        float* out = xt.data() + t * k * kRows;
+        for (int64_t m = 0; m < kRows; m++) {
+            const int64_t r = t * kRows + m;
+            if (r < rows)
+                for (int64_t i = 0; i < k; i++) out[i * kRows + m] = to_float(x[r * x_stride + i]);
+            else
+                for (int64_t i = 0; i < k; i++) out[i * kRows + m] = 0.f;
+        }
+    }
+    const int64_t blocks = (n + kDotCols - 1) / kDotCols;
+    const int64_t chunks = (rows + kFmaChunk - 1) / kFmaChunk;
+    const int64_t out_cols = Silu ? kDotCols / 2 : kDotCols;
+    const int64_t panel_values = loragate::kPanelCols * k;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t item = 0; item < blocks * chunks; item++) {
+        const int64_t b = item / chunks, first = (item % chunks) * kFmaChunk;
+        const int64_t last = std::min(rows, first + kFmaChunk);
+        alignas(64) float sums[kFmaChunk][kDotCols];
+        const W* block = packed + b * kDotCols * k;
+        constexpr int64_t kPanels = kDotCols / loragate::kPanelCols;
+        for (int64_t k0 = 0; k0 < k; k0 += kSlab) {
+            const int64_t k1 = std::min(k, k0 + kSlab);
+            for (int64_t j = 0; j < kPanels; j++) {
+                // The first tile asks for the slab that comes next (the next panel's, or the
+                // next slab's first panel, or the next block's), a line an iteration, so memory
+                // streams while the other tiles compute from cache.
+                const W* ahead = nullptr;
+                if (j + 1 < kPanels)
+                    ahead = block + (j + 1) * panel_values + k0 * loragate::kPanelCols;
+                else if (k1 < k)
+                    ahead = block + k1 * loragate::kPanelCols;
+                else if (b + 1 < blocks)
+                    ahead = block + kDotCols * k;
+                for (int64_t r = first; r < last; r += kRows)
+                    loragate::fma_rows<W>(static_cast<int>(std::min<int64_t>(kRows, last - r)),
+                                          xt.data() + r * k, k0, k1, block + j * panel_values,
+                                          sums[r - first] + j * loragate::kPanelCols, kDotCols,
+                                          k0 == 0, r == first ? ahead : nullptr);
+            }
+        }
+        float bias_block[kDotCols];
+        const int64_t cols = std::min(kDotCols, n - b * kDotCols);
+        load_bias(bias != nullptr ? bias + b * kDotCols : nullptr, cols, bias_block);
+        write_rows<Silu, Y>(sums, static_cast<int>(last - first), bias_block,
+                            y + first * y_stride + b * out_cols, y_stride, cols);
+    }
+}
+#endif
+
+// A weight's [n, k] values into `tile_cols`-wide column tiles per block of 64 outputs, each
+// [k / group][tile_cols][group] (group: inputs side by side, 2 for bf16 pairs, 1 for float32);
+// outputs past n zero.
+template <typename T>
+void pack(const T* w, int64_t n, int64_t k, int64_t tile_cols, int64_t group, T* packed) {
+    const int64_t blocks = (n + kDotCols - 1) / kDotCols;
+    for (int64_t b = 0; b < blocks; b++)
+        for (int64_t t = 0; t < kDotCols / tile_cols; t++)
+            for (int64_t p = 0; p < k / group; p++)
+                for (int64_t c = 0; c < tile_cols; c++) {
+                    T* out = packed + b * kDotCols * k + t * tile_cols * k +
+                             (p * tile_cols + c) * group;
+                    const int64_t row = b * kDotCols + t * tile_cols + c;
+                    for (int64_t g = 0; g < group; g++)
+                        out[g] = row < n ? w[row * k + group * p + g] : T{};
+                }
+}
+
 template <bool Silu>
 void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const uint16_t* packed,
-            const uint16_t* bias, int64_t n, uint16_t* y, int64_t y_stride, int threads) {
+            const uint16_t* bias16, int64_t n, uint16_t* y16, int64_t y_stride, int threads) {
+    const auto* bias = reinterpret_cast<const BFloat16*>(bias16);
+    auto* y = reinterpret_cast<BFloat16*>(y16);
 #if defined(__AVX512BF16__)
     const int64_t blocks = (n + kDotCols - 1) / kDotCols;
     const int64_t chunks = (rows + kChunk - 1) / kChunk;
@@ -225,6 +318,20 @@ void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const 
                          bias != nullptr ? bias + b * kDotCols : nullptr, y + b * out_cols,
                          y_stride, std::min(kDotCols, n - b * kDotCols));
     }
+#elif LORAGATE_FMA_BF16
+    fma_matmul<Silu, uint16_t>(reinterpret_cast<const BFloat16*>(x), rows, x_stride, k, packed,
+                               bias, n, y, y_stride, threads);
+#else
+    (void)x, (void)rows, (void)x_stride, (void)k, (void)packed, (void)bias, (void)n, (void)y,
+        (void)y_stride, (void)threads;
+#endif
+}
+
+template <bool Silu>
+void f32_matmul(const float* x, int64_t rows, int64_t x_stride, int64_t k, const float* packed,
+                const float* bias, int64_t n, float* y, int64_t y_stride, int threads) {
+#if LORAGATE_FMA
+    fma_matmul<Silu, float>(x, rows, x_stride, k, packed, bias, n, y, y_stride, threads);
 #else
     (void)x, (void)rows, (void)x_stride, (void)k, (void)packed, (void)bias, (void)n, (void)y,
         (void)y_stride, (void)threads;
@@ -235,13 +342,17 @@ void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const 
 
 extern "C" {
 
+// 1 where the bf16 entries compute: AVX512-BF16 (and AMX), or AVX2 + FMA (weights widened).
 int matmul_available() {
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) || LORAGATE_FMA
     return 1;
 #else
     return 0;
 #endif
 }
+
+// 1 where the float32 entries compute: AVX2 + FMA.
+int matmul_f32_available() { return LORAGATE_FMA; }
 
 // 1 where steps of 2 or more rows (k a multiple of 32) run on AMX's tiles: built with AMX-BF16
 // and the kernel lets this process use them.
@@ -253,21 +364,15 @@ int matmul_amx() {
 #endif
 }
 
-// w [n, k] row-major -> packed, outputs past n zero (k even): for each block of 64 outputs,
-// [k / 2][64][2], or where `matmul_tiled(k)` four column tiles [16][k / 2][16][2].
+// w [n, k] bf16 row-major -> packed, outputs past n zero (k even): for each block of 64
+// outputs, [k / 2][64][2], or where `matmul_tiled(k)` four column tiles [16][k / 2][16][2].
 void matmul_pack_bf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed) {
-    const int64_t blocks = (n + kDotCols - 1) / kDotCols;
-    const int64_t tile_cols = tiled(k) ? 16 : kDotCols;
-    for (int64_t b = 0; b < blocks; b++)
-        for (int64_t t = 0; t < kDotCols / tile_cols; t++)
-            for (int64_t p = 0; p < k / 2; p++)
-                for (int64_t c = 0; c < tile_cols; c++) {
-                    uint16_t* out = packed + b * kDotCols * k + t * tile_cols * k +
-                                    (p * tile_cols + c) * 2;
-                    const int64_t row = b * kDotCols + t * tile_cols + c;
-                    out[0] = row < n ? w[row * k + 2 * p] : 0;
-                    out[1] = row < n ? w[row * k + 2 * p + 1] : 0;
-                }
+    pack(w, n, k, tiled(k) ? 16 : kDotCols, 2, packed);
+}
+
+// w [n, k] float32 row-major -> packed: for each block of 64 outputs, four panels [k][16].
+void matmul_pack_f32(const float* w, int64_t n, int64_t k, float* packed) {
+    pack(w, n, k, loragate::kPanelCols, 1, packed);
 }
 
 int matmul_tiled(int64_t k) { return tiled(k) ? 1 : 0; }
@@ -288,6 +393,18 @@ void matmul_silu_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t
                       const uint16_t* packed, const uint16_t* bias, int64_t n, uint16_t* y,
                       int64_t y_stride, int threads) {
     matmul<true>(x, rows, x_stride, k, packed, bias, n, y, y_stride, threads);
+}
+
+// The float32 forms of the two above, over matmul_pack_f32's layout.
+void matmul_f32(const float* x, int64_t rows, int64_t x_stride, int64_t k, const float* packed,
+                const float* bias, int64_t n, float* y, int64_t y_stride, int threads) {
+    f32_matmul<false>(x, rows, x_stride, k, packed, bias, n, y, y_stride, threads);
+}
+
+void matmul_silu_f32(const float* x, int64_t rows, int64_t x_stride, int64_t k,
+                     const float* packed, const float* bias, int64_t n, float* y,
+                     int64_t y_stride, int threads) {
+    f32_matmul<true>(x, rows, x_stride, k, packed, bias, n, y, y_stride, threads);
 }
 
 }  // extern "C"

@@ -1,7 +1,8 @@
-"""Matmuls in bfloat16 by the hand-written kernel (kernels/cpu_matmul.cpp, AVX512-BF16, and
-AMX where the CPU has it): y = x W^T + b over a weight packed once into the kernel's layout
-(AMX's for input widths that are a multiple of 32 where it runs: `tiled`), for any number of
-rows.
+"""Matmuls by the hand-written kernel (kernels/cpu_matmul.cpp): y = x W^T + b over a weight
+packed once into the kernel's layout, for any number of rows. bfloat16 by AVX512-BF16 (and AMX
+where the CPU has it; AMX's layout for input widths that are a multiple of 32: `tiled`), or on
+CPUs with AVX2 + FMA alone by float32 FMAs over the bf16 weights widened as they are read
+(`tiled` too); float32 by the same FMA path (`f32_available`).
 engine/packed_linear.py uses it beside or instead of oneDNN's packed weight where a start-up
 timing says it pays (engine/native_matmul.py); the .cpp file says why and what it computes.
 
@@ -36,11 +37,12 @@ def packed_size(n: int, k: int) -> int:
 
 
 def unpack(packed: torch.Tensor, n: int, k: int, *, tiled: bool = False) -> torch.Tensor:
-    """The plain [n, k] weight back from the kernel's layout: [n / 64][k / 2][64][2], or
-    `tiled` (AMX) [n / 64][4][k / 2][16][2]."""
+    """The plain [n, k] weight back from the kernel's layout: bf16 [n / 64][k / 2][64][2], or
+    `tiled` [n / 64][4][k / 2][16][2]; float32 [n / 64][4][k][16]."""
     blocks = -(-n // COLS)
-    tile = TILE_COLS if tiled else COLS
-    view = packed.view(blocks, COLS // tile, k // 2, tile, 2)
+    group = 1 if packed.dtype is torch.float32 else 2
+    tile = TILE_COLS if tiled or group == 1 else COLS
+    view = packed.view(blocks, COLS // tile, k // group, tile, group)
     return view.permute(0, 1, 3, 2, 4).reshape(blocks * COLS, k)[:n]
 
 
@@ -69,16 +71,17 @@ def deinterleave_outputs(y: torch.Tensor, width: int) -> torch.Tensor:
 class NativeMatmul:
     def __init__(self, library: Path):
         lib = ctypes.CDLL(str(library))
+        # bf16: AVX512-BF16 (AMX), or AVX2 + FMA; float32: AVX2 + FMA
         self.available = bool(lib.matmul_available())
-        self._pack = lib.matmul_pack_bf16
-        self._pack.argtypes = [_P, _I, _I, _P]
-        self._pack.restype = None
-        self._matmul = lib.matmul_bf16
-        self._matmul.argtypes = [_P, _I, _I, _I, _P, _P, _I, _P, _I, ctypes.c_int]
-        self._matmul.restype = None
-        self._silu = lib.matmul_silu_bf16
-        self._silu.argtypes = self._matmul.argtypes
-        self._silu.restype = None
+        self.f32_available = bool(lib.matmul_f32_available())
+        self._pack = {torch.bfloat16: lib.matmul_pack_bf16, torch.float32: lib.matmul_pack_f32}
+        self._matmul = {torch.bfloat16: lib.matmul_bf16, torch.float32: lib.matmul_f32}
+        self._silu = {torch.bfloat16: lib.matmul_silu_bf16, torch.float32: lib.matmul_silu_f32}
+        for entry in self._pack.values():
+            entry.argtypes, entry.restype = [_P, _I, _I, _P], None
+        for entry in (*self._matmul.values(), *self._silu.values()):
+            entry.argtypes = [_P, _I, _I, _I, _P, _P, _I, _P, _I, ctypes.c_int]
+            entry.restype = None
         self._tiled = lib.matmul_tiled
         self._tiled.argtypes = [_I]
         self._tiled.restype = ctypes.c_int
@@ -87,73 +90,83 @@ class NativeMatmul:
         self.library = library
 
     def tiled(self, k: int) -> bool:
-        """Whether a weight of `k` inputs is packed for AMX (see `unpack`)."""
+        """Whether a bf16 weight of `k` inputs is packed as column tiles (see `unpack`)."""
         return bool(self._tiled(k))
 
     def unpack(self, packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
         """The plain [n, k] weight back from `pack`'s copy."""
         return unpack(packed, n, k, tiled=self.tiled(k))
 
+    def takes(self, dtype: torch.dtype) -> bool:
+        """Whether this CPU's build multiplies in `dtype`."""
+        return (dtype is torch.bfloat16 and self.available) or (
+            dtype is torch.float32 and self.f32_available
+        )
+
     def packs(self, weight: torch.Tensor) -> bool:
-        """Whether `pack` takes this weight: bf16 [n, k] on the CPU, k even, and the CPU has
-        the instructions."""
+        """Whether `pack` takes this weight: bf16 or float32 [n, k] on the CPU, k even, and the
+        CPU has the instructions for that dtype."""
         return (
-            self.available
-            and weight.dtype is torch.bfloat16
+            self.takes(weight.dtype)
             and weight.device.type == "cpu"
             and weight.dim() == 2
             and weight.shape[1] % 2 == 0
         )
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
-        """[n, k] -> the kernel's layout, `packed_size(n, k)` bf16 values (outputs past n zero)."""
+        """[n, k] -> the kernel's layout, `packed_size(n, k)` values of the weight's dtype
+        (outputs past n zero)."""
         if not self.packs(weight):
             raise ValueError(
-                f"the matmul kernel packs bf16 [n, even k] CPU weights on AVX512-BF16, got "
-                f"{weight.dtype} {tuple(weight.shape)} on {weight.device.type} "
-                f"(available: {self.available})"
+                f"the matmul kernel packs bf16 or float32 [n, even k] CPU weights where the CPU "
+                f"has the instructions, got {weight.dtype} {tuple(weight.shape)} on "
+                f"{weight.device.type} (bf16: {self.available}, float32: {self.f32_available})"
             )
         n, k = weight.shape
         plain = weight.detach().contiguous()
         # huge pages: at a few rows the kernel streams every weight, and the CPU's prefetchers
         # stop at page boundaries
-        packed = huge_pages.empty((packed_size(n, k),), torch.bfloat16)
-        self._pack(plain.data_ptr(), n, k, packed.data_ptr())
+        packed = huge_pages.empty((packed_size(n, k),), weight.dtype)
+        self._pack[weight.dtype](plain.data_ptr(), n, k, packed.data_ptr())
         return packed
 
     def __call__(
         self,
-        x: torch.Tensor,  # [rows, k] bf16, unit stride within a row
-        packed: torch.Tensor,  # from `pack` of an [n, k] weight
+        x: torch.Tensor,  # [rows, k] bf16 or float32, unit stride within a row
+        packed: torch.Tensor,  # from `pack` of an [n, k] weight of x's dtype
         n: int,
-        bias: torch.Tensor | None = None,  # [n] bf16, contiguous
-    ) -> torch.Tensor:  # [rows, n] bf16
+        bias: torch.Tensor | None = None,  # [n] of x's dtype, contiguous
+    ) -> torch.Tensor:  # [rows, n] of x's dtype
         return self._run(self._matmul, x, packed, n, n, bias)
 
     def silu(
         self,
-        x: torch.Tensor,  # [rows, k] bf16
+        x: torch.Tensor,  # [rows, k] bf16 or float32
         packed: torch.Tensor,  # from `pack` of an interleaved (interleave_gate_up) [2 w, k] weight
         width: int,  # w, a multiple of 32
-        bias: torch.Tensor | None = None,  # [2 w] bf16, interleaved too
-    ) -> torch.Tensor:  # [rows, w] bf16: round(round(silu(gate)) * up)
+        bias: torch.Tensor | None = None,  # [2 w] of x's dtype, interleaved too
+    ) -> torch.Tensor:  # [rows, w]: round(round(silu(gate)) * up) (no roundings in float32)
         if width % GATE_UP_GROUP:
             raise ValueError(f"the fused SiLU takes widths that are multiples of 32, got {width}")
         return self._run(self._silu, x, packed, 2 * width, width, bias)
 
     def _run(
         self,
-        entry: Any,
+        entries: dict[torch.dtype, Any],
         x: torch.Tensor,
         packed: torch.Tensor,
         n: int,
         out_width: int,
         bias: torch.Tensor | None,
     ) -> torch.Tensor:
-        if x.dim() != 2 or x.dtype is not torch.bfloat16:
+        if x.dim() != 2 or not self.takes(x.dtype):
             raise ValueError(
-                f"the matmul kernel takes [rows, k] bf16, got {x.dtype} {tuple(x.shape)}"
+                f"the matmul kernel takes [rows, k] bf16 or float32 where this CPU multiplies "
+                f"in it, got {x.dtype} {tuple(x.shape)}"
             )
+        dtype = x.dtype
+        if packed.dtype is not dtype:
+            raise ValueError(f"packed weight is {packed.dtype}, x is {dtype}")
         rows, k = x.shape
         if x.stride(1) != 1 or x.stride(0) < k:
             x = x.contiguous()
@@ -161,12 +174,12 @@ class NativeMatmul:
             raise ValueError(f"packed weight of {packed.numel()} values is not [{n}, {k}]")
         if bias is not None and not (bias.is_contiguous() and bias.shape == (n,)):
             raise ValueError(f"bias must be contiguous [{n}]")
-        if bias is not None and bias.dtype is not torch.bfloat16:
-            raise ValueError(f"bias must be bf16, got {bias.dtype}")
-        y = torch.empty(rows, out_width, dtype=torch.bfloat16)
+        if bias is not None and bias.dtype is not dtype:
+            raise ValueError(f"bias must be {dtype}, got {bias.dtype}")
+        y = torch.empty(rows, out_width, dtype=dtype)
         if rows == 0:
             return y
-        entry(
+        entries[dtype](
             x.data_ptr(),
             rows,
             x.stride(0),

@@ -46,6 +46,7 @@ HEADERS = tuple(
         "cpu_bf16.h",
         "cpu_math.h",
         "cpu_dot_tile.h",
+        "cpu_fma_tile.h",
     )
 )
 # -fno-trapping-math: without it GCC keeps every float select (a clamp, a sign test) a branch, and

@@ -1,7 +1,9 @@
-"""The bf16 matmul kernel in the engine (engine/native_matmul.py, engine/packed_linear.py): which
-rows it takes, oneDNN's copy dropped when it takes every row, how the start-up choice is made
-(timing, memory, mode), and an engine on it giving what the oneDNN engine gives, to bf16
-rounding."""
+"""The matmul kernel in the engine (engine/native_matmul.py, engine/packed_linear.py): which
+rows it takes, the reference copy (oneDNN's, or the plain weight where oneDNN has no kernels for
+the dtype) dropped when it takes every row, how the start-up choice is made (timing, memory,
+mode), and an engine on it giving what the reference engine gives, to the dtype's rounding.
+bf16 runs wherever the kernel has a bf16 path (AVX512-BF16, AMX, or AVX2's FMA path), float32
+where it has the FMA path."""
 
 from __future__ import annotations
 
@@ -28,17 +30,28 @@ from tests.engine.engine_helpers import (
 )
 
 pytestmark = pytest.mark.skipif(
-    not (kernel_of().available and can_pack(torch.bfloat16, torch.device("cpu"))),
-    reason="this CPU has no AVX512-BF16: the kernel is unavailable and the engine keeps oneDNN",
+    not kernel_of().available,
+    reason="this CPU has neither AVX512-BF16 nor AVX2 + FMA: no kernel, the engine keeps oneDNN",
 )
+CPU = torch.device("cpu")
+# the dtypes the kernel multiplies in on this CPU
+DTYPES = [d for d in (torch.bfloat16, torch.float32) if kernel_of().takes(d)]
 
 
-def _packed_model(bias: bool = False) -> nn.Module:
+def _packed_model(bias: bool = False, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 192, bias=bias), nn.Linear(192, 100, bias=bias))
-    model = model.to(torch.bfloat16)
-    assert pack_linears(model) == 2
+    model = model.to(dtype)
+    assert pack_linears(model, onednn=can_pack(dtype, CPU)) == 2
     return model
+
+
+def _close(y: torch.Tensor, reference: torch.Tensor) -> None:
+    """Two matmuls summing in different orders: a step of bf16, or float32 sums' error."""
+    if y.dtype is torch.bfloat16:
+        torch.testing.assert_close(y, reference, atol=0.05, rtol=2**-7)
+    else:
+        torch.testing.assert_close(y, reference, atol=1e-5, rtol=1e-5)
 
 
 def _state(model: nn.Module) -> list[tuple[bool, bool]]:
@@ -47,63 +60,76 @@ def _state(model: nn.Module) -> list[tuple[bool, bool]]:
     return [(m.native is not None, m.packed_weight is not None) for m in linears]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_rows_up_to_the_limit_go_to_the_kernel_more_to_onednn(bias: bool) -> None:
-    layer = _packed_model(bias)[0]
+def test_rows_up_to_the_limit_go_to_the_kernel_more_to_onednn(
+    bias: bool, dtype: torch.dtype
+) -> None:
+    layer = _packed_model(bias, dtype)[0]
     weight = layer.weight()
     layer.use_native(kernel_of(), max_rows=8)
     assert layer.packed_weight is not None  # both copies
     for rows in (1, 8, 9, 64):
-        x = torch.randn(rows, 64).bfloat16()
+        x = torch.randn(rows, 64).to(dtype)
         y = layer(x)
         if rows <= 8:
             assert layer.native is not None
             kernel, packed = layer.native
             assert torch.equal(y, kernel(x, packed, 192, layer.bias))
-        else:  # oneDNN, bit for bit F.linear here
-            assert torch.equal(y, F.linear(x, weight, layer.bias))
+        else:  # the reference: oneDNN (bit for bit F.linear in bf16), or F.linear itself
+            if dtype is torch.bfloat16:
+                assert torch.equal(y, F.linear(x, weight, layer.bias))
+            else:
+                _close(y, F.linear(x, weight, layer.bias))
     layer.use_native(None)
     assert layer.native is None and torch.equal(layer.weight(), weight)
 
 
-def test_every_row_on_the_kernel_drops_onednns_copy_and_can_get_it_back() -> None:
-    layer = _packed_model(bias=True)[0]
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_row_on_the_kernel_drops_onednns_copy_and_can_get_it_back(
+    dtype: torch.dtype,
+) -> None:
+    layer = _packed_model(bias=True, dtype=dtype)[0]
     weight = layer.weight()
     layer.use_native(kernel_of(), max_rows=None)
     assert layer.packed_weight is None and torch.equal(layer.weight(), weight)  # from its layout
     assert "native" in repr(layer)
-    x = torch.randn(300, 64).bfloat16()
-    torch.testing.assert_close(layer(x), F.linear(x, weight, layer.bias), atol=0.05, rtol=2**-7)
-    layer.use_native(None)  # oneDNN alone again, repacked from the kernel's copy
+    x = torch.randn(300, 64).to(dtype)
+    _close(layer(x), F.linear(x, weight, layer.bias))
+    layer.use_native(None)  # the reference alone again, repacked from the kernel's copy
     assert layer.packed_weight is not None and layer.native is None
-    assert torch.equal(layer(x), F.linear(x, weight, layer.bias))
+    _close(layer(x), F.linear(x, weight, layer.bias))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_a_gate_up_projection_applies_its_silu_in_the_same_pass(bias: bool) -> None:
+def test_a_gate_up_projection_applies_its_silu_in_the_same_pass(
+    bias: bool, dtype: torch.dtype
+) -> None:
     torch.manual_seed(1)
-    linear = nn.Linear(64, 2 * 96, bias=bias).to(torch.bfloat16)
-    layer = PackedLinear(linear)
+    linear = nn.Linear(64, 2 * 96, bias=bias).to(dtype)
+    onednn = can_pack(dtype, CPU)
+    layer = PackedLinear(linear, onednn=onednn)
     weight = layer.weight()
-    assert layer.silu_forward(torch.randn(3, 64).bfloat16()) is None  # oneDNN: not laid out
+    assert layer.silu_forward(torch.randn(3, 64).to(dtype)) is None  # reference: not laid out
     layer.use_native(kernel_of(), max_rows=None, gate_up_width=96)
     assert torch.equal(layer.weight(), weight)  # the interleaved copy reads back in order
-    plain = PackedLinear(linear)
+    plain = PackedLinear(linear, onednn=onednn)
     plain.use_native(kernel_of(), max_rows=None)
     for rows in (1, 7, 70):
-        x = torch.randn(rows, 64).bfloat16()
+        x = torch.randn(rows, 64).to(dtype)
         assert torch.equal(layer(x), plain(x))  # outputs in [gate | up] order
         fused = layer.silu_forward(x)
         assert fused is not None and torch.equal(fused, native_layer().silu_mul(plain(x)))
     # beside oneDNN (steps up to 8 rows): the kernel's copy interleaved, oneDNN's plain
     layer.use_native(kernel_of(), max_rows=8, gate_up_width=96)
     assert layer.packed_weight is not None and torch.equal(layer.weight(), weight)
-    x = torch.randn(8, 64).bfloat16()
+    x = torch.randn(8, 64).to(dtype)
     fused = layer.silu_forward(x)
     assert fused is not None and torch.equal(fused, native_layer().silu_mul(plain(x)))
-    x = torch.randn(9, 64).bfloat16()
-    assert layer.silu_forward(x) is None  # oneDNN's step: the two steps
-    torch.testing.assert_close(layer(x), F.linear(x, weight, layer.bias), atol=0.05, rtol=2**-7)
+    x = torch.randn(9, 64).to(dtype)
+    assert layer.silu_forward(x) is None  # the reference's step: the two steps
+    _close(layer(x), F.linear(x, weight, layer.bias))
     with pytest.raises(ValueError, match="needs the kernel"):
         layer.use_native(None, max_rows=8, gate_up_width=96)
     layer.use_native(None)  # back to oneDNN: the plain weight again
@@ -176,8 +202,8 @@ def test_modes_and_their_errors() -> None:
     assert use_native_matmul(model, "off", torch.bfloat16) == NativeMatmulUse(0, "off")
     with pytest.raises(ValueError, match="native_matmul must be one of"):
         use_native_matmul(model, "always", torch.bfloat16)
-    with pytest.raises(ValueError, match="native_matmul 'on': the kernel is bf16 only"):
-        use_native_matmul(model, "on", torch.float32)
+    with pytest.raises(ValueError, match="native_matmul 'on': the kernel is bf16 or float32"):
+        use_native_matmul(model, "on", torch.float16)
     with pytest.raises(ValueError, match="native_matmul 'on': no packed linear layers"):
         use_native_matmul(nn.Sequential(nn.ReLU()), "on", torch.bfloat16)
     assert not use_native_matmul(nn.Sequential(nn.ReLU()), "auto", torch.bfloat16).used

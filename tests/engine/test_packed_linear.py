@@ -97,7 +97,7 @@ def test_engine_packs_every_projection_and_keeps_the_tokens(
     tiny_model_dir: Path, tmp_path: Path, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # float32 packs where the start-up timing says it pays; here it is packed either way
-    monkeypatch.setattr("engine.llm_engine.packing_pays", lambda model, dtype: (True, "test"))
+    monkeypatch.setattr("engine.native_matmul.packing_pays", lambda model, dtype: (True, "test"))
     specs = [AdapterSpec("a", r=8, alpha=16, seed=1), AdapterSpec("b", r=16, alpha=8, seed=2)]
     adapters = {s.name: make_peft_adapter(tiny_model_dir, tmp_path / s.name, s) for s in specs}
     # Each prompt twice: once on the base model, once with an adapter.
@@ -138,7 +138,7 @@ def test_engine_packs_every_projection_and_keeps_the_tokens(
 def test_float32_engine_packs_only_where_packing_pays(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("engine.llm_engine.packing_pays", lambda model, dtype: (False, "test"))
+    monkeypatch.setattr("engine.native_matmul.packing_pays", lambda model, dtype: (False, "test"))
     engine = _engine(tiny_model_dir, prepack=True, dtype="float32")
     assert engine.packed_linears == 0
     assert any(type(m) is nn.Linear for m in engine.runner.model.modules())

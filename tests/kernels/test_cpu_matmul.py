@@ -1,9 +1,12 @@
-"""The bf16 matmul kernel (kernels/cpu_matmul.cpp) against float64 products of the same bf16
-values: float32 sums, one rounding to bf16, so within a bf16 step of the exact result; at every
-row count its tiles and work items split (1-5 left over after tiles of 6, chunks of 96; on AMX
-tiles of 16 rows, items of 64, a short step's single tile). On an AMX CPU the weights whose
-input width is a multiple of 32 take the AMX path and the others (k = 2, 8) the vdpbf16ps one;
-a build without AMX checks the latter on the same shapes."""
+"""The matmul kernel (kernels/cpu_matmul.cpp) against float64 products of the same values: in
+bf16, float32 sums and one rounding, so within a bf16 step of the exact result; in float32
+within float32 sums' error. At every row count its tiles and work items split (1-5 left over
+after tiles of 6, chunks of 96; on AMX tiles of 16 rows, items of 64, a short step's single
+tile; on the FMA path tiles of 6 (float32) or 5 (bf16) rows, slabs of 256 inputs). On an AMX
+CPU the weights whose input width is a multiple of 32 take the AMX path and the others (k = 2,
+8) the vdpbf16ps one; a build without AMX checks the latter on the same shapes. The FMA path
+(AVX2: bf16 weights widened to float32, and every float32 matmul) is what an AVX2-only CPU
+runs; on an AVX-512 CPU a build without AVX-512 checks it."""
 
 from __future__ import annotations
 
@@ -27,7 +30,11 @@ from kernels.cpu_native import build
 
 KERNEL = native_matmul()
 needs_bf16_dot = pytest.mark.skipif(
-    not KERNEL.available, reason="this CPU has no AVX512-BF16: the kernel is built without it"
+    not KERNEL.available,
+    reason="this CPU has neither AVX512-BF16 nor AVX2 + FMA: the kernel is built without them",
+)
+needs_fma = pytest.mark.skipif(
+    not KERNEL.f32_available, reason="this CPU has no AVX2 + FMA: no float32 path is built"
 )
 
 
@@ -78,6 +85,7 @@ def test_rows_are_independent_and_strided_inputs_are_taken() -> None:
 
 
 @needs_bf16_dot
+@pytest.mark.skipif(KERNEL.tiled(8), reason="this CPU's bf16 path packs column tiles of 16")
 def test_the_packed_layout_pads_outputs_to_blocks_of_64_and_unpacks() -> None:
     w = torch.randn(100, 8).bfloat16()
     packed = KERNEL.pack(w)
@@ -138,29 +146,37 @@ def test_bad_calls_are_refused() -> None:
     w = torch.randn(64, 32).bfloat16()
     packed = KERNEL.pack(w)
     with pytest.raises(ValueError, match="takes \\[rows, k\\] bf16"):
-        KERNEL(torch.randn(1, 32), packed, 64)
+        KERNEL(torch.randn(1, 32).half(), packed, 64)
     with pytest.raises(ValueError, match="takes \\[rows, k\\] bf16"):
         KERNEL(torch.randn(2, 1, 32).bfloat16(), packed, 64)
     with pytest.raises(ValueError, match="not \\[64, 30\\]"):
         KERNEL(torch.randn(1, 30).bfloat16(), packed, 64)
     with pytest.raises(ValueError, match="bias must be contiguous"):
         KERNEL(torch.randn(1, 32).bfloat16(), packed, 64, torch.randn(63).bfloat16())
-    with pytest.raises(ValueError, match="bias must be bf16"):
+    with pytest.raises(ValueError, match=r"bias must be torch\.bfloat16"):
         KERNEL(torch.randn(1, 32).bfloat16(), packed, 64, torch.randn(64))
-    for bad in (torch.randn(64, 31).bfloat16(), torch.randn(64, 32)):
+    if KERNEL.f32_available:  # a float32 x against a bf16 copy
+        with pytest.raises(
+            ValueError, match=r"packed weight is torch\.bfloat16, x is torch\.float32"
+        ):
+            KERNEL(torch.randn(1, 32), packed, 64)
+    for bad in (torch.randn(64, 31).bfloat16(), torch.randn(64, 32).half()):
         assert not KERNEL.packs(bad)
-        with pytest.raises(ValueError, match="kernel packs bf16"):
+        with pytest.raises(ValueError, match="kernel packs bf16 or float32"):
             KERNEL.pack(bad)
 
 
-def test_without_avx512_bf16_the_kernel_says_so(tmp_path: Path) -> None:
+def test_without_the_instructions_the_kernel_says_so(tmp_path: Path) -> None:
     """What CPUs without the instructions get: a library that reports itself unavailable, so the
     engine keeps oneDNN."""
-    portable = NativeMatmul(build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512bf16",)))
-    assert not portable.available
-    assert not portable.packs(torch.randn(64, 32).bfloat16())
-    with pytest.raises(ValueError, match="available: False"):
-        portable.pack(torch.randn(64, 32).bfloat16())
+    portable = NativeMatmul(
+        build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512bf16", "-mno-avx2", "-mno-fma"))
+    )
+    assert not portable.available and not portable.f32_available
+    for weight in (torch.randn(64, 32).bfloat16(), torch.randn(64, 32)):
+        assert not portable.packs(weight)
+        with pytest.raises(ValueError, match="bf16: False, float32: False"):
+            portable.pack(weight)
 
 
 @needs_bf16_dot
@@ -181,3 +197,73 @@ def test_the_fused_silu_equals_the_matmul_then_silu_mul(rows: int, bias: bool) -
     assert torch.equal(deinterleave_gate_up(interleave_gate_up(w, width), width), w)
     with pytest.raises(ValueError, match="multiples of 32"):
         KERNEL.silu(x, packed, 80, b_mixed)
+
+
+def _float32_case(rows: int, n: int, k: int, bias: bool, seed: int = 0):  # type: ignore[no-untyped-def]
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen)
+    w = torch.randn(n, k, generator=gen) * k**-0.5
+    b = torch.randn(n, generator=gen) if bias else None
+    exact = x.double() @ w.double().T + (0 if b is None else b.double())
+    return x, w, b, exact
+
+
+@needs_fma
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 96, 97, 200])
+@pytest.mark.parametrize("n, k", [(64, 2), (1280, 768), (100, 64), (768, 600), (130, 96)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_float32_matches_the_float64_products(rows: int, n: int, k: int, bias: bool) -> None:
+    """float32 sums of float32 products (slabs of 256 inputs: k = 600 takes a short last slab)."""
+    x, w, b, exact = _float32_case(rows, n, k, bias, seed=rows)
+    y = KERNEL(x, KERNEL.pack(w), n, b)
+    assert y.shape == (rows, n) and y.dtype is torch.float32
+    # a sum of k products in float32: each partial sum rounds by 2^-24 relative
+    torch.testing.assert_close(y.double(), exact, rtol=1e-5, atol=k * 2e-7)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=k * 2e-7)
+
+
+@needs_fma
+def test_the_float32_layout_holds_panels_of_16_and_unpacks() -> None:
+    n, k = 100, 6
+    w = torch.randn(n, k)
+    packed = KERNEL.pack(w)
+    assert packed.dtype is torch.float32 and packed.numel() == packed_size(n, k)
+    # block 0, panel 0: input after input, each input's 16 outputs side by side
+    assert torch.equal(packed[: k * 16].view(k, 16), w[:16].T)
+    assert torch.equal(packed[k * 16 : k * 32].view(k, 16), w[16:32].T)
+    # the last block's panels past output 100 are zero
+    last = packed[64 * k :].view(4, k, 16)
+    assert torch.equal(last[2, :, :4], w[96:].T)
+    assert not last[2, :, 4:].any() and not last[3].any()
+    assert torch.equal(KERNEL.unpack(packed, n, k), w)
+
+
+@needs_fma
+@pytest.mark.parametrize("rows", [1, 4, 5, 6, 81, 200])
+def test_the_fma_path_in_bf16(rows: int, tmp_path: Path) -> None:
+    """bf16 weights widened to float32 as they are read (what an AVX2-only CPU runs; on this CPU
+    too where it has AVX512-BF16, by a build without AVX-512): within a bf16 step of the exact
+    products, equal to F.linear almost everywhere, the weight packed as column tiles of 16."""
+    fma = NativeMatmul(build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512f",)))
+    assert fma.available and fma.f32_available and not fma.amx and fma.tiled(8)
+    x, w, b, exact = _case(rows, 320, 768, bias=True, seed=rows)
+    packed = fma.pack(w)
+    assert torch.equal(fma.unpack(packed, 320, 768), w)
+    assert torch.equal(packed[: 768 * 16].view(384, 16, 2), w[:16].view(16, 384, 2).transpose(0, 1))
+    y = fma(x, packed, 320, b)
+    _within_a_bf16_step(y, exact)
+    assert (y == torch.nn.functional.linear(x, w, b)).float().mean().item() > 0.98
+
+
+@needs_fma
+@pytest.mark.parametrize("rows", [1, 6, 13, 100])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_fused_silu_in_float32(rows: int, bias: bool) -> None:
+    """silu(gate) * up in the same pass equals the matmul then kernels/cpu_layer.cpp's
+    silu_mul, bit for bit."""
+    width = 96
+    x, w, b, _ = _float32_case(rows, 2 * width, 64, bias, seed=rows)
+    separate = native_layer().silu_mul(KERNEL(x, KERNEL.pack(w), 2 * width, b))
+    packed = KERNEL.pack(interleave_gate_up(w, width))
+    b_mixed = None if b is None else interleave_gate_up(b, width).contiguous()
+    assert torch.equal(KERNEL.silu(x, packed, width, b_mixed), separate)

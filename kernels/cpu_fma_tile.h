@@ -1,0 +1,118 @@
+// The float32 FMA tile of kernels/cpu_matmul.cpp for CPUs without bf16 dot-product instructions
+// (AVX2 + FMA; an AVX-512 CPU without AVX512-BF16 builds it too, on 256-bit registers): M rows
+// of x, in float32, against one panel of 16 outputs of a packed weight, over inputs [k0, k1).
+// x is packed too, as row tiles [k][kFmaRows] (each input's values of the tile's rows side by
+// side: the broadcasts read one stream; read as rows k * 4 bytes apart, rows a multiple of 4 KB
+// apart fell in one L1 set). The panel is either
+//
+//   float32  [k][16]         each input's 16 weights side by side (two registers), or
+//   bf16     [k / 2][16][2]  each pair of inputs' 16 x 2 weights side by side: a register holds
+//                            8 outputs' pairs, widened exactly to float32 by a shift (the even
+//                            input) and a mask (the odd one), so a bf16 weight streams half the
+//                            bytes and multiplies at the float32 rate.
+//
+// sums[m][c] (+)= sum_i x[m, i] w[c, i], float32 products and sums: what oneDNN's and MKL's
+// float32 matmuls compute, summed in another order.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define LORAGATE_FMA 1
+#else
+#define LORAGATE_FMA 0
+#endif
+
+namespace loragate {
+
+constexpr int64_t kPanelCols = 16;  // outputs per panel
+
+#if LORAGATE_FMA
+
+// Rows a tile takes: 2 M accumulators, the panel's registers (2 float32, 4 widened bf16) and a
+// broadcast fit the 16 vector registers.
+template <typename W> constexpr int kFmaRows = 6;
+template <> constexpr int kFmaRows<uint16_t> = 5;
+
+// `x`: a row tile ([k][kFmaRows<W>], M <= kFmaRows<W> rows used). `first`: the sums start at
+// zero (the first slab of inputs), else they are read and added to. Every loop over acc is
+// unrolled so its indices are constants and acc stays in registers.
+template <int M, typename W>
+inline void fma_tile(const float* x, int64_t k0, int64_t k1, const W* panel, float* sums,
+                     int64_t sums_stride, bool first, const W* ahead) {
+    constexpr int64_t R = kFmaRows<W>;
+    __m256 acc[M][2];
+#pragma GCC unroll 6
+    for (int m = 0; m < M; m++) {
+        acc[m][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(sums + m * sums_stride);
+        acc[m][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(sums + m * sums_stride + 8);
+    }
+    if constexpr (sizeof(W) == 4) {
+        const float* w = reinterpret_cast<const float*>(panel) + k0 * kPanelCols;
+        for (int64_t i = k0; i < k1; i++, w += kPanelCols) {
+            if (ahead != nullptr)
+                _mm_prefetch(reinterpret_cast<const char*>(ahead + (i - k0) * kPanelCols), _MM_HINT_T0);
+            const __m256 w0 = _mm256_loadu_ps(w);
+            const __m256 w1 = _mm256_loadu_ps(w + 8);
+#pragma GCC unroll 6
+            for (int m = 0; m < M; m++) {
+                const __m256 xi = _mm256_broadcast_ss(x + i * R + m);
+                acc[m][0] = _mm256_fmadd_ps(xi, w0, acc[m][0]);
+                acc[m][1] = _mm256_fmadd_ps(xi, w1, acc[m][1]);
+            }
+        }
+    } else {
+        const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xffff0000u));
+        const uint16_t* w = reinterpret_cast<const uint16_t*>(panel) + k0 * kPanelCols;
+        for (int64_t i = k0; i < k1; i += 2, w += 2 * kPanelCols) {
+            if (ahead != nullptr)
+                _mm_prefetch(reinterpret_cast<const char*>(ahead + (i - k0) * kPanelCols), _MM_HINT_T0);
+            const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+            const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
+            const __m256 even0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+            const __m256 even1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+#pragma GCC unroll 6
+            for (int m = 0; m < M; m++) {
+                const __m256 xi = _mm256_broadcast_ss(x + i * R + m);
+                acc[m][0] = _mm256_fmadd_ps(xi, even0, acc[m][0]);
+                acc[m][1] = _mm256_fmadd_ps(xi, even1, acc[m][1]);
+            }
+            const __m256 odd0 = _mm256_castsi256_ps(_mm256_and_si256(v0, high));
+            const __m256 odd1 = _mm256_castsi256_ps(_mm256_and_si256(v1, high));
+#pragma GCC unroll 6
+            for (int m = 0; m < M; m++) {
+                const __m256 xi = _mm256_broadcast_ss(x + (i + 1) * R + m);
+                acc[m][0] = _mm256_fmadd_ps(xi, odd0, acc[m][0]);
+                acc[m][1] = _mm256_fmadd_ps(xi, odd1, acc[m][1]);
+            }
+        }
+    }
+#pragma GCC unroll 6
+    for (int m = 0; m < M; m++) {
+        _mm256_storeu_ps(sums + m * sums_stride, acc[m][0]);
+        _mm256_storeu_ps(sums + m * sums_stride + 8, acc[m][1]);
+    }
+}
+
+// fma_tile for any 1 <= rows <= kFmaRows<W>. Never inlined, as dot_rows (cpu_dot_tile.h): an
+// epilogue's registers beside the loop made GCC spill the accumulators there.
+template <typename W>
+__attribute__((noinline)) void fma_rows(int rows, const float* x, int64_t k0, int64_t k1,
+                                        const W* panel, float* sums, int64_t sums_stride,
+                                        bool first, const W* ahead) {
+    switch (rows) {
+        case 1: return fma_tile<1, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
+        case 2: return fma_tile<2, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
+        case 3: return fma_tile<3, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
+        case 4: return fma_tile<4, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
+        case 5: return fma_tile<5, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
+        default:
+            if constexpr (kFmaRows<W> >= 6)
+                return fma_tile<6, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
+    }
+}
+
+#endif  // LORAGATE_FMA
+
+}  // namespace loragate
