@@ -1,12 +1,14 @@
 """Pick how prefill chunks attend, once, at start-up, by timing both on this machine.
 
 SDPA's flash kernel, or two matmuls around the native causal softmax (engine/attention.py
-`prefill_matmul`, the form decode attention already takes). On a 2-core AVX512-BF16 AMD EPYC
-(no AMX) in bf16 the matmuls took 0.51 ms for the timed 256-token chunk against SDPA's 1.25;
-in float32 the two were near a tie (1.24 vs 1.37). Where bf16 matmuls are slow (no oneDNN bf16,
-an AVX2 CPU) SDPA may win outright, and on CUDA SDPA is used. Both compute causal attention with
-a float32 softmax; the matmul form rounds scores and probabilities to the dtype between ops, as
-transformers' eager attention does.
+`prefill_matmul`, the form decode attention already takes), which the native prefill kernel
+(kernels/cpu_prefill.cpp) computes in one call where it runs: then the kernel is what is timed
+against SDPA. On a 2-core AVX512-BF16 AMD EPYC (no AMX) in bf16 the matmuls took 0.51 ms for the
+timed 256-token chunk against SDPA's 1.25; in float32 the two were near a tie (1.24 vs 1.37). On
+an AVX2 CPU, where oneDNN has no bf16 matmuls, SDPA beat the two matmuls outright and the
+kernel's FMA path (bf16 and float32) is the matmul form's contender. On CUDA SDPA is used. Both
+compute causal attention with a float32 softmax; the matmul form rounds scores and probabilities
+to the dtype between ops, as transformers' eager attention does.
 """
 
 from __future__ import annotations
@@ -63,14 +65,25 @@ def choose_prefill_softmax(
     q = torch.randn(_CHUNK, num_heads, head_dim, generator=gen).to(dtype)
     k = torch.randn(_CHUNK, num_kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(_CHUNK, num_kv_heads, head_dim, generator=gen).to(dtype)
-    cache = torch.empty(num_kv_heads, 0, head_dim, dtype=dtype)  # unread: nothing cached
+    empty = torch.empty(num_kv_heads, 0, head_dim, dtype=dtype)  # unread: nothing cached
     seg = PrefillSegment(0, _CHUNK, 0, None)
     scale = head_dim**-0.5
+    kernel = _kernel(head_dim=head_dim, dtype=dtype, device=device)
+    if kernel is not None:  # the chunk's keys and values where the kernel reads them
+        k_cache, v_cache = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
+        slots = torch.arange(_CHUNK)
+
+        def matmul_form() -> object:
+            assert kernel is not None
+            return kernel(q, k_cache, v_cache, slots, 0, scale)
+    else:
+
+        def matmul_form() -> object:
+            return prefill_matmul(q, k, v, empty, empty, seg, scale, native)
+
     timings = {
-        "matmul": best_time(
-            lambda: prefill_matmul(q, k, v, cache, cache, seg, scale, native), _REPEATS
-        ),
-        "sdpa": best_time(lambda: prefill_sdpa(q, k, v, cache, cache, seg, scale), _REPEATS),
+        "matmul": best_time(matmul_form, _REPEATS),
+        "sdpa": best_time(lambda: prefill_sdpa(q, k, v, empty, empty, seg, scale), _REPEATS),
     }
     chosen = "matmul" if timings["matmul"] * _MIN_GAIN <= timings["sdpa"] else "sdpa"
     log.info(
@@ -84,10 +97,18 @@ def choose_prefill_softmax(
 def choose_prefill_kernel(
     softmax: NativeLayer | None, *, head_dim: int, dtype: torch.dtype, device: torch.device
 ) -> NativePrefill | None:
-    """Where the matmul form was chosen, in bf16 on a CPU with AVX512-BF16: the kernel that
-    computes it in one call (kernels/cpu_prefill.cpp: the same values bit for bit in the cases
-    tested, 1.1-1.5x faster on 64-512-token chunks, causal blocks skipped); else None."""
-    if softmax is None or dtype is not torch.bfloat16 or device.type != "cpu":
+    """Where the matmul form was chosen and the CPU runs the kernel for the dtype (bf16 on
+    AVX512-BF16 or AVX2 + FMA, float32 on AVX2 + FMA): the kernel that computes it in one call
+    (kernels/cpu_prefill.cpp: the same values bit for bit in most cases tested, 1.1-1.5x faster
+    than the two matmuls on 64-512-token chunks on AVX512-BF16, causal blocks skipped); else
+    None."""
+    if softmax is None:
+        return None
+    return _kernel(head_dim=head_dim, dtype=dtype, device=device)
+
+
+def _kernel(*, head_dim: int, dtype: torch.dtype, device: torch.device) -> NativePrefill | None:
+    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
         return None
     kernel = built_or_none(native_prefill, "native prefill attention unavailable; two matmuls")
     return kernel if kernel is not None and kernel.supports(dtype, device, head_dim) else None

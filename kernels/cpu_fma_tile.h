@@ -30,18 +30,37 @@ constexpr int64_t kPanelCols = 16;  // outputs per panel
 
 #if LORAGATE_FMA
 
-// Rows a tile takes: 2 M accumulators, the panel's registers (2 float32, 4 widened bf16) and a
-// broadcast fit the 16 vector registers.
-template <typename W> constexpr int kFmaRows = 6;
-template <> constexpr int kFmaRows<uint16_t> = 5;
+// Rows a tile takes: 12 accumulators, the panel's two registers and a broadcast fit the 16
+// vector registers (bf16: the odd inputs are widened after the even ones' products, from a
+// second read of the line, so no mask register or loaded line is kept; with them, 5 rows fit,
+// and 16-row steps ran ~10% slower).
+constexpr int kFmaRows = 6;
 
-// `x`: a row tile ([k][kFmaRows<W>], M <= kFmaRows<W> rows used). `first`: the sums start at
-// zero (the first slab of inputs), else they are read and added to. Every loop over acc is
+// 8 outputs' pairs of bf16 weights (one register) widened to float32: the even inputs by a shift
+// left, the odd ones by clearing the even halves (two shifts, no mask register).
+inline __m256i pairs(const uint16_t* w) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+}
+inline __m256 even_inputs(const uint16_t* w) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(pairs(w), 16));
+}
+inline __m256 odd_inputs(const uint16_t* w) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(pairs(w), 16), 16));
+}
+
+template <typename W> inline void prefetch_line(const W* p) {
+    _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+}
+
+// `x`: a row tile ([k][kFmaRows], M <= kFmaRows rows used). `first`: the sums start at
+// zero (the first slab of inputs), else they are read and added to. `ahead` (or null): a
+// stream asked for into L1 a line an iteration, as this panel's slab is read (a slab is one
+// line an iteration in both layouts). Every loop over acc is
 // unrolled so its indices are constants and acc stays in registers.
 template <int M, typename W>
 inline void fma_tile(const float* x, int64_t k0, int64_t k1, const W* panel, float* sums,
                      int64_t sums_stride, bool first, const W* ahead) {
-    constexpr int64_t R = kFmaRows<W>;
+    constexpr int64_t R = kFmaRows;
     __m256 acc[M][2];
 #pragma GCC unroll 6
     for (int m = 0; m < M; m++) {
@@ -51,8 +70,7 @@ inline void fma_tile(const float* x, int64_t k0, int64_t k1, const W* panel, flo
     if constexpr (sizeof(W) == 4) {
         const float* w = reinterpret_cast<const float*>(panel) + k0 * kPanelCols;
         for (int64_t i = k0; i < k1; i++, w += kPanelCols) {
-            if (ahead != nullptr)
-                _mm_prefetch(reinterpret_cast<const char*>(ahead + (i - k0) * kPanelCols), _MM_HINT_T0);
+            if (ahead != nullptr) prefetch_line(ahead + (i - k0) * kPanelCols);
             const __m256 w0 = _mm256_loadu_ps(w);
             const __m256 w1 = _mm256_loadu_ps(w + 8);
 #pragma GCC unroll 6
@@ -63,23 +81,19 @@ inline void fma_tile(const float* x, int64_t k0, int64_t k1, const W* panel, flo
             }
         }
     } else {
-        const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xffff0000u));
         const uint16_t* w = reinterpret_cast<const uint16_t*>(panel) + k0 * kPanelCols;
         for (int64_t i = k0; i < k1; i += 2, w += 2 * kPanelCols) {
-            if (ahead != nullptr)
-                _mm_prefetch(reinterpret_cast<const char*>(ahead + (i - k0) * kPanelCols), _MM_HINT_T0);
-            const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
-            const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
-            const __m256 even0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
-            const __m256 even1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+            if (ahead != nullptr) prefetch_line(ahead + (i - k0) * kPanelCols);
+            const __m256 even0 = even_inputs(w);
+            const __m256 even1 = even_inputs(w + 16);
 #pragma GCC unroll 6
             for (int m = 0; m < M; m++) {
                 const __m256 xi = _mm256_broadcast_ss(x + i * R + m);
                 acc[m][0] = _mm256_fmadd_ps(xi, even0, acc[m][0]);
                 acc[m][1] = _mm256_fmadd_ps(xi, even1, acc[m][1]);
             }
-            const __m256 odd0 = _mm256_castsi256_ps(_mm256_and_si256(v0, high));
-            const __m256 odd1 = _mm256_castsi256_ps(_mm256_and_si256(v1, high));
+            const __m256 odd0 = odd_inputs(w);
+            const __m256 odd1 = odd_inputs(w + 16);
 #pragma GCC unroll 6
             for (int m = 0; m < M; m++) {
                 const __m256 xi = _mm256_broadcast_ss(x + (i + 1) * R + m);
@@ -95,7 +109,7 @@ inline void fma_tile(const float* x, int64_t k0, int64_t k1, const W* panel, flo
     }
 }
 
-// fma_tile for any 1 <= rows <= kFmaRows<W>. Never inlined, as dot_rows (cpu_dot_tile.h): an
+// fma_tile for any 1 <= rows <= kFmaRows. Never inlined, as dot_rows (cpu_dot_tile.h): an
 // epilogue's registers beside the loop made GCC spill the accumulators there.
 template <typename W>
 __attribute__((noinline)) void fma_rows(int rows, const float* x, int64_t k0, int64_t k1,
@@ -107,9 +121,7 @@ __attribute__((noinline)) void fma_rows(int rows, const float* x, int64_t k0, in
         case 3: return fma_tile<3, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
         case 4: return fma_tile<4, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
         case 5: return fma_tile<5, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
-        default:
-            if constexpr (kFmaRows<W> >= 6)
-                return fma_tile<6, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
+        default: return fma_tile<6, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
     }
 }
 

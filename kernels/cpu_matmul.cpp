@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "cpu_amx.h"
@@ -77,7 +78,8 @@ inline void write_rows(const float (*sums)[kDotCols], int rows, const float* b, 
 
 template <typename Y>
 inline void load_bias(const Y* bias, int64_t cols, float* b) {
-    for (int64_t c = 0; c < kDotCols; c++) b[c] = bias != nullptr && c < cols ? to_float(bias[c]) : 0.f;
+    for (int64_t c = 0; c < kDotCols; c++)
+        b[c] = bias != nullptr && c < cols ? to_float(bias[c]) : 0.f;
 }
 
 #if defined(__AVX512BF16__)
@@ -185,66 +187,78 @@ bool tiled(int64_t k) {
 #if LORAGATE_FMA
 // The FMA path (cpu_fma_tile.h): a block's 64 outputs are four panels of 16. The rows are first
 // packed as float32 row tiles (the tile's layout, bf16 widened on the way), once for every
-// block. A work item is a block and up to 16 row tiles (96 or 80 rows); the inputs are taken in slabs of 256, and
-// each panel's slab (16 KB in float32) is read by every tile of the item's rows while it is in
-// L1, the tiles' slab from L2. Sums are kept per item and written out by write_rows at the end.
+// block. A work item is a block and up to 16 row tiles (96 rows); the inputs are taken in
+// slabs of 256, and each panel's slab (16 KB in float32) is read by every tile of the item's
+// rows while it is in L1, the tiles' slab from L2. Sums are kept per item and written out by
+// write_rows at the end.
 constexpr int64_t kFmaTiles = 16;  // row tiles per work item
 constexpr int64_t kSlab = 256;
+
+// One work item: rows [first, last) (of the packed tiles `xt`) by one block; `next`: the block
+// after it, whose first slab the last slab's tiles ask for (null: none).
+template <bool Silu, typename W, typename Y>
+void fma_item(const float* xt, int64_t first, int64_t last, int64_t k, const W* block,
+              const W* next, const Y* bias, int64_t cols, Y* y, int64_t y_stride) {
+    constexpr int kRows = loragate::kFmaRows;
+    constexpr int64_t kPanels = kDotCols / loragate::kPanelCols;
+    const int64_t panel_values = loragate::kPanelCols * k;
+    alignas(64) float sums[kFmaTiles * kRows][kDotCols];
+    for (int64_t k0 = 0; k0 < k; k0 += kSlab) {
+        const int64_t k1 = std::min(k, k0 + kSlab);
+        for (int64_t j = 0; j < kPanels; j++) {
+            // The first tile asks for the slab that comes next (the next panel's, or the next
+            // slab's first panel, or the next block's), a line an iteration, so memory streams
+            // while the other tiles compute from cache.
+            const W* ahead = next;
+            if (j + 1 < kPanels)
+                ahead = block + (j + 1) * panel_values + k0 * loragate::kPanelCols;
+            else if (k1 < k)
+                ahead = block + k1 * loragate::kPanelCols;
+            for (int64_t r = first; r < last; r += kRows)
+                loragate::fma_rows<W>(static_cast<int>(std::min<int64_t>(kRows, last - r)),
+                                      xt + r * k, k0, k1, block + j * panel_values,
+                                      sums[r - first] + j * loragate::kPanelCols, kDotCols,
+                                      k0 == 0, r == first ? ahead : nullptr);
+        }
+    }
+    float b[kDotCols];
+    load_bias(bias, cols, b);
+    write_rows<Silu, Y>(sums, static_cast<int>(last - first), b, y, y_stride, cols);
+}
 
 template <bool Silu, typename W, typename X, typename Y>
 void fma_matmul(const X* x, int64_t rows, int64_t x_stride, int64_t k, const W* packed,
                 const Y* bias, int64_t n, Y* y, int64_t y_stride, int threads) {
-    constexpr int kRows = loragate::kFmaRows<W>;
-    constexpr int64_t kFmaChunk = kFmaTiles * kRows;
+    constexpr int kRows = loragate::kFmaRows;
+    constexpr int64_t kChunkRows = kFmaTiles * kRows;
     const int64_t tiles = (rows + kRows - 1) / kRows;
-    std::vector<float> xt(tiles * k * kRows);
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t t = 0; t < tiles; t++) {
-        float* out = xt.data() + t * k * kRows;
-        for (int64_t m = 0; m < kRows; m++) {
-            const int64_t r = t * kRows + m;
-            if (r < rows)
-                for (int64_t i = 0; i < k; i++) out[i * kRows + m] = to_float(x[r * x_stride + i]);
-            else
-                for (int64_t i = 0; i < k; i++) out[i * kRows + m] = 0.f;
-        }
-    }
     const int64_t blocks = (n + kDotCols - 1) / kDotCols;
-    const int64_t chunks = (rows + kFmaChunk - 1) / kFmaChunk;
+    const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
     const int64_t out_cols = Silu ? kDotCols / 2 : kDotCols;
-    const int64_t panel_values = loragate::kPanelCols * k;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t item = 0; item < blocks * chunks; item++) {
-        const int64_t b = item / chunks, first = (item % chunks) * kFmaChunk;
-        const int64_t last = std::min(rows, first + kFmaChunk);
-        alignas(64) float sums[kFmaChunk][kDotCols];
-        const W* block = packed + b * kDotCols * k;
-        constexpr int64_t kPanels = kDotCols / loragate::kPanelCols;
-        for (int64_t k0 = 0; k0 < k; k0 += kSlab) {
-            const int64_t k1 = std::min(k, k0 + kSlab);
-            for (int64_t j = 0; j < kPanels; j++) {
-                // The first tile asks for the slab that comes next (the next panel's, or the
-                // next slab's first panel, or the next block's), a line an iteration, so memory
-                // streams while the other tiles compute from cache.
-                const W* ahead = nullptr;
-                if (j + 1 < kPanels)
-                    ahead = block + (j + 1) * panel_values + k0 * loragate::kPanelCols;
-                else if (k1 < k)
-                    ahead = block + k1 * loragate::kPanelCols;
-                else if (b + 1 < blocks)
-                    ahead = block + kDotCols * k;
-                for (int64_t r = first; r < last; r += kRows)
-                    loragate::fma_rows<W>(static_cast<int>(std::min<int64_t>(kRows, last - r)),
-                                          xt.data() + r * k, k0, k1, block + j * panel_values,
-                                          sums[r - first] + j * loragate::kPanelCols, kDotCols,
-                                          k0 == 0, r == first ? ahead : nullptr);
+    // not value-initialised: every element is written below (rows past the last, zero)
+    std::unique_ptr<float[]> xt(new float[tiles * k * kRows]);
+    // one parallel region: the rows packed, a barrier, the work items
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            float* out = xt.get() + t * k * kRows;
+            for (int64_t m = 0; m < kRows; m++) {
+                const int64_t r = t * kRows + m;
+                for (int64_t i = 0; i < k; i++)
+                    out[i * kRows + m] = r < rows ? to_float(x[r * x_stride + i]) : 0.f;
             }
         }
-        float bias_block[kDotCols];
-        const int64_t cols = std::min(kDotCols, n - b * kDotCols);
-        load_bias(bias != nullptr ? bias + b * kDotCols : nullptr, cols, bias_block);
-        write_rows<Silu, Y>(sums, static_cast<int>(last - first), bias_block,
-                            y + first * y_stride + b * out_cols, y_stride, cols);
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < blocks * chunks; item++) {
+            const int64_t b = item / chunks, first = (item % chunks) * kChunkRows;
+            const W* block = packed + b * kDotCols * k;
+            fma_item<Silu, W, Y>(xt.get(), first, std::min(rows, first + kChunkRows), k, block,
+                                 b + 1 < blocks ? block + kDotCols * k : nullptr,
+                                 bias != nullptr ? bias + b * kDotCols : nullptr,
+                                 std::min(kDotCols, n - b * kDotCols),
+                                 y + first * y_stride + b * out_cols, y_stride);
+        }
     }
 }
 #endif

@@ -16,6 +16,11 @@
 // Here each KV head's keys and values are packed once into the dot-product tile's layout
 // (cpu_dot_tile.h: keys as the "outputs", values transposed), and each tile of 6 query rows
 // multiplies only the key blocks its last row can see.
+//
+// Without AVX512-BF16 (AVX2 + FMA) the same computation runs on the matmul kernel's FMA tile
+// (cpu_fma_tile.h), in bf16 or float32 (where `round` is a no-op): keys and values are widened
+// to float32 panels when packed. There PyTorch's SDPA was the only fast form (oneDNN has no
+// bf16 matmuls on AVX2) and ran a 256-token chunk at ~30 GFLOP/s, computing the full square.
 
 #include <algorithm>
 #include <cstdint>
@@ -24,6 +29,7 @@
 
 #include "cpu_bf16.h"
 #include "cpu_dot_tile.h"
+#include "cpu_fma_tile.h"
 #include "cpu_math.h"
 
 namespace {
@@ -31,15 +37,15 @@ namespace {
 using loragate::kDotCols;
 using loragate::kDotRows;
 
-#if defined(__AVX512BF16__)
 struct Chunk {
     int64_t query_len, offset, context, num_heads, kv_heads, head_dim;
     int64_t q_row_stride, q_head_stride, num_slots;
     float scale;
 };
 
-int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+[[maybe_unused]] int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
+#if defined(__AVX512BF16__)
 // keys [context, head_dim] of one KV head -> [context / 64][head_dim / 2][64][2]; values ->
 // [head_dim / 64][context / 2][64][2] (pairs of keys side by side for each dimension). Rows past
 // the context are zero.
@@ -115,30 +121,153 @@ void attend_tile(const uint16_t* q, const uint16_t* keys, const uint16_t* values
 }
 #endif
 
+
+#if LORAGATE_FMA
+// The FMA path. Per KV head: keys as float32 panels of 16 keys ([context / 16][head_dim][16]:
+// the keys are the outputs of the scores' matmul), values as panels of 16 dimensions
+// ([head_dim / 16][context][16]). A tile of up to 6 query rows is packed as the FMA tile takes
+// its rows ([head_dim][6]), its probabilities likewise ([keys][6]).
+using loragate::BFloat16;
+using loragate::kPanelCols;
+using loragate::round_to;
+using loragate::to_float;
+constexpr int kQRows = loragate::kFmaRows;
+
+template <typename T>
+void pack_head_fma(const T* k_head, const T* v_head, const int64_t* slots, const Chunk& c,
+                   float* keys, float* values) {
+    const int64_t hd = c.head_dim, panels = round_up(c.context, kPanelCols) / kPanelCols;
+    for (int64_t b = 0; b < panels; b++)
+        for (int64_t j = 0; j < kPanelCols; j++) {
+            const int64_t t = b * kPanelCols + j;
+            const T* row = t < c.context ? k_head + slots[t] * hd : nullptr;
+            for (int64_t d = 0; d < hd; d++)
+                keys[(b * hd + d) * kPanelCols + j] = row != nullptr ? to_float(row[d]) : 0.f;
+        }
+    for (int64_t t = 0; t < c.context; t++) {
+        const T* row = v_head + slots[t] * hd;
+        for (int64_t d = 0; d < hd; d++)
+            values[((d / kPanelCols) * c.context + t) * kPanelCols + d % kPanelCols] =
+                to_float(row[d]);
+    }
+}
+
+// Per-thread buffers of a tile: its queries [head_dim][6], scores [6][context rounded up to
+// 16], probabilities [context][6].
+struct FmaScratch {
+    std::vector<float> queries, scores, probs;
+    FmaScratch(const Chunk& c)
+        : queries(c.head_dim * kQRows),
+          scores(kQRows * round_up(c.context, kPanelCols)),
+          probs(c.context * kQRows) {}
+};
+
+template <typename T>
+void attend_tile_fma(const T* q, const float* keys, const float* values, int64_t head,
+                     int64_t t0, int rows, const Chunk& c, FmaScratch& scratch, T* out) {
+    const int64_t hd = c.head_dim, width = round_up(c.context, kPanelCols);
+    const int64_t visible = c.offset + t0 + rows;  // keys the tile's last row sees
+    float* qt = scratch.queries.data();
+    float* scores = scratch.scores.data();
+    float* pt = scratch.probs.data();
+    for (int m = 0; m < kQRows; m++) {
+        const T* row = q + (t0 + m) * c.q_row_stride + head * c.q_head_stride;
+        for (int64_t d = 0; d < hd; d++) qt[d * kQRows + m] = m < rows ? to_float(row[d]) : 0.f;
+    }
+    float sums[kQRows][kPanelCols];
+    for (int64_t b = 0; b * kPanelCols < visible; b++) {  // scores, 16 keys at a time
+        loragate::fma_rows<float>(rows, qt, 0, hd, keys + b * hd * kPanelCols, sums[0],
+                                  kPanelCols, true, nullptr);
+        for (int m = 0; m < rows; m++)
+            for (int64_t j = 0; j < kPanelCols; j++)  // rounded to T, times the scale
+                scores[m * width + b * kPanelCols + j] = round_to<T>(sums[m][j]) * c.scale;
+    }
+    for (int m = 0; m < rows; m++) {  // softmax over what row m sees, zeros after
+        float* s = scores + m * width;
+        const int64_t seen = c.offset + t0 + m + 1;
+        const float inv = loragate::softmax_unnormalised(s, seen);
+        for (int64_t j = 0; j < seen; j++) pt[j * kQRows + m] = round_to<T>(s[j] * inv);
+        for (int64_t j = seen; j < visible; j++) pt[j * kQRows + m] = 0.f;
+    }
+    for (int64_t db = 0; db < hd / kPanelCols; db++) {  // values, 16 dimensions at a time
+        loragate::fma_rows<float>(rows, pt, 0, visible, values + db * c.context * kPanelCols,
+                                  sums[0], kPanelCols, true, nullptr);
+        for (int m = 0; m < rows; m++) {
+            T* o = out + ((t0 + m) * c.num_heads + head) * hd + db * kPanelCols;
+            for (int64_t j = 0; j < kPanelCols; j++) o[j] = loragate::from_float<T>(sums[m][j]);
+        }
+    }
+}
+
+template <typename T>
+void prefill_fma(const T* q, const T* k_cache, const T* v_cache, const int64_t* slots,
+                 const Chunk& c, T* out, int threads) {
+    const int64_t key_values = round_up(c.context, kPanelCols) * c.head_dim;
+    const int64_t value_values = c.context * c.head_dim;
+    std::vector<float> keys(c.kv_heads * key_values), values(c.kv_heads * value_values);
+    const int64_t group = c.num_heads / c.kv_heads;
+    const int64_t tiles = (c.query_len + kQRows - 1) / kQRows;
+    const int64_t head_values = c.num_slots * c.head_dim;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t h = 0; h < c.kv_heads; h++)
+            pack_head_fma(k_cache + h * head_values, v_cache + h * head_values, slots, c,
+                          keys.data() + h * key_values, values.data() + h * value_values);
+        FmaScratch scratch(c);
+        // the last tiles see the most keys: dealt first, so the threads finish together
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < c.num_heads * tiles; item++) {
+            const int64_t tile = tiles - 1 - item / c.num_heads, head = item % c.num_heads;
+            const int64_t t0 = tile * kQRows;
+            const int rows = static_cast<int>(std::min<int64_t>(kQRows, c.query_len - t0));
+            const int64_t kv = head / group;
+            attend_tile_fma(q, keys.data() + kv * key_values, values.data() + kv * value_values,
+                            head, t0, rows, c, scratch, out);
+        }
+    }
+}
+#endif
+
 }  // namespace
 
 extern "C" {
 
+// 1 where the bf16 entry computes: AVX512-BF16 (head_dim a multiple of 64), or AVX2 + FMA
+// (a multiple of 16).
 int prefill_available() {
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) || LORAGATE_FMA
     return 1;
 #else
     return 0;
 #endif
 }
 
+// 1 where the float32 entry computes: AVX2 + FMA.
+int prefill_f32_available() { return LORAGATE_FMA; }
+
+// The multiple of head_dim the bf16 entry takes.
+int prefill_head_dim_multiple() {
+#if defined(__AVX512BF16__)
+    return 64;
+#else
+    return 16;
+#endif
+}
+
 // q [query_len, num_heads, head_dim] (rows q_row_stride apart, heads q_head_stride apart, unit
 // stride within a head); k_cache, v_cache [kv_heads, num_slots, head_dim] contiguous; slots
 // [context] the cache slot of each key, context = offset + query_len (this chunk's K/V already
-// written); out [query_len, num_heads, head_dim] contiguous. head_dim a multiple of 64.
+// written); out [query_len, num_heads, head_dim] contiguous. head_dim a multiple of
+// prefill_head_dim_multiple().
 void prefill_attention_bf16(const uint16_t* q, int64_t q_row_stride, int64_t q_head_stride,
                             const uint16_t* k_cache, const uint16_t* v_cache, int64_t num_slots,
                             const int64_t* slots, int64_t query_len, int64_t offset,
                             uint16_t* out, int64_t num_heads, int64_t kv_heads, int64_t head_dim,
                             float scale, int threads) {
-#if defined(__AVX512BF16__)
     const Chunk c{query_len, offset, offset + query_len, num_heads, kv_heads, head_dim,
                   q_row_stride, q_head_stride, num_slots, scale};
+#if defined(__AVX512BF16__)
     const int64_t key_values = round_up(c.context, kDotCols) * head_dim;
     const int64_t value_values = round_up(c.context, 2) * head_dim;
     std::vector<uint16_t> keys(kv_heads * key_values), values(kv_heads * value_values);
@@ -163,10 +292,28 @@ void prefill_attention_bf16(const uint16_t* q, int64_t q_row_stride, int64_t q_h
                         t0, rows, c, scores.data(), probs.data(), out);
         }
     }
+#elif LORAGATE_FMA
+    using loragate::BFloat16;
+    prefill_fma(reinterpret_cast<const BFloat16*>(q), reinterpret_cast<const BFloat16*>(k_cache),
+                reinterpret_cast<const BFloat16*>(v_cache), slots, c,
+                reinterpret_cast<BFloat16*>(out), threads);
 #else
-    (void)q, (void)q_row_stride, (void)q_head_stride, (void)k_cache, (void)v_cache,
-        (void)num_slots, (void)slots, (void)query_len, (void)offset, (void)out, (void)num_heads,
-        (void)kv_heads, (void)head_dim, (void)scale, (void)threads;
+    (void)c, (void)k_cache, (void)v_cache, (void)slots, (void)out, (void)threads;
+#endif
+}
+
+// The float32 form (AVX2 + FMA), head_dim a multiple of 16.
+void prefill_attention_f32(const float* q, int64_t q_row_stride, int64_t q_head_stride,
+                           const float* k_cache, const float* v_cache, int64_t num_slots,
+                           const int64_t* slots, int64_t query_len, int64_t offset, float* out,
+                           int64_t num_heads, int64_t kv_heads, int64_t head_dim, float scale,
+                           int threads) {
+    const Chunk c{query_len, offset, offset + query_len, num_heads, kv_heads, head_dim,
+                  q_row_stride, q_head_stride, num_slots, scale};
+#if LORAGATE_FMA
+    prefill_fma(q, k_cache, v_cache, slots, c, out, threads);
+#else
+    (void)q, (void)c, (void)k_cache, (void)v_cache, (void)slots, (void)out, (void)threads;
 #endif
 }
 

@@ -1,7 +1,8 @@
-"""A prefill chunk's attention in bf16 by the hand-written kernel (kernels/cpu_prefill.cpp,
-AVX512-BF16): what `engine.attention.prefill_matmul` computes, in one call that reads the keys
-and values from the paged cache and multiplies only the key blocks each tile of queries can see.
-The .cpp file states the computation and why.
+"""A prefill chunk's attention by the hand-written kernel (kernels/cpu_prefill.cpp): what
+`engine.attention.prefill_matmul` computes, in one call that reads the keys and values from the
+paged cache and multiplies only the key blocks each tile of queries can see. bf16 by
+AVX512-BF16, or by AVX2's FMAs (float32 sums); float32 by the FMA path. The .cpp file states
+the computation and why.
 
 OpenMP: as for kernels/cpu_native.py's kernel, the library's threads are PyTorch's and it is
 told `torch.get_num_threads()`.
@@ -44,18 +45,29 @@ _ARGTYPES: list[Any] = [
 class NativePrefill:
     def __init__(self, library: Path):
         lib = ctypes.CDLL(str(library))
-        self.available = bool(lib.prefill_available())
-        self._entry = lib.prefill_attention_bf16
-        self._entry.argtypes = _ARGTYPES
-        self._entry.restype = None
+        self.available = bool(lib.prefill_available())  # bf16
+        self.f32_available = bool(lib.prefill_f32_available())
+        # head_dim multiple of each dtype's path: 64 for AVX512-BF16's, 16 for the FMA path's
+        self._head_dim_multiple = {
+            torch.bfloat16: int(lib.prefill_head_dim_multiple()),
+            torch.float32: 16,
+        }
+        self._entries = {
+            torch.bfloat16: lib.prefill_attention_bf16,
+            torch.float32: lib.prefill_attention_f32,
+        }
+        for entry in self._entries.values():
+            entry.argtypes = _ARGTYPES
+            entry.restype = None
         self.library = library
 
     def supports(self, dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+        available = self.available if dtype is torch.bfloat16 else self.f32_available
         return (
-            self.available
-            and dtype is torch.bfloat16
+            dtype in self._entries
+            and available
             and device.type == "cpu"
-            and head_dim % 64 == 0
+            and head_dim % self._head_dim_multiple[dtype] == 0
         )
 
     def __call__(
@@ -71,9 +83,10 @@ class NativePrefill:
         kv_heads, num_slots, _ = k_cache.shape
         if not self.supports(q.dtype, q.device, head_dim):
             raise ValueError(
-                f"native prefill attention takes bf16 CPU tensors, head_dim a multiple of 64, on "
-                f"AVX512-BF16; got {q.dtype} on {q.device.type}, head_dim {head_dim} "
-                f"(available: {self.available})"
+                f"native prefill attention takes bf16 (AVX512-BF16: head_dim a multiple of 64; "
+                f"AVX2 + FMA: of 16) or float32 (AVX2 + FMA) CPU tensors; got {q.dtype} on "
+                f"{q.device.type}, head_dim {head_dim} (bf16: {self.available}, float32: "
+                f"{self.f32_available})"
             )
         if not (k_cache.dtype == v_cache.dtype == q.dtype):
             raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}")
@@ -85,7 +98,7 @@ class NativePrefill:
             raise ValueError(f"{num_heads} query heads do not group over {kv_heads} KV heads")
         slots = slots.to(torch.int64).contiguous()
         out = torch.empty(query_len, num_heads, head_dim, dtype=q.dtype)
-        self._entry(
+        self._entries[q.dtype](
             q.data_ptr(),
             q.stride(0),
             q.stride(1),

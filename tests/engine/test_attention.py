@@ -168,13 +168,15 @@ def test_the_native_prefill_kernel_reads_each_segments_keys_from_the_cache() -> 
     assert (outs["kernel"] == outs["matmul"]).float().mean() > 0.95
 
 
-def test_the_prefill_kernel_is_chosen_only_for_the_bf16_matmul_form() -> None:
+def test_the_prefill_kernel_is_chosen_only_for_the_matmul_form_where_it_runs() -> None:
     cpu, native = torch.device("cpu"), native_layer()
     kernel = choose_prefill_kernel(native, head_dim=64, dtype=torch.bfloat16, device=cpu)
     assert (kernel is not None) == native_prefill().available
+    kernel = choose_prefill_kernel(native, head_dim=64, dtype=torch.float32, device=cpu)
+    assert (kernel is not None) == native_prefill().f32_available
     assert choose_prefill_kernel(None, head_dim=64, dtype=torch.bfloat16, device=cpu) is None
-    assert choose_prefill_kernel(native, head_dim=64, dtype=torch.float32, device=cpu) is None
     assert choose_prefill_kernel(native, head_dim=8, dtype=torch.bfloat16, device=cpu) is None
+    assert choose_prefill_kernel(native, head_dim=64, dtype=torch.float16, device=cpu) is None
 
 
 def test_prefill_form_is_chosen_by_timing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -188,6 +190,8 @@ def test_prefill_form_is_chosen_by_timing(monkeypatch: pytest.MonkeyPatch) -> No
         time.sleep(0.1)  # far beyond either form's real time, even on a loaded machine
         return None
 
+    # the matmul form by two matmuls (no native prefill kernel for the dtype here)
+    monkeypatch.setattr(prefill_backend, "_kernel", lambda **kwargs: None)
     monkeypatch.setattr(prefill_backend, "prefill_matmul", slow)
     assert choose_prefill_softmax("auto", native, dtype=torch.float32, device=cpu, **dims) is None
     # pinned: no timing decides (the slow form is kept when asked for)
@@ -195,9 +199,34 @@ def test_prefill_form_is_chosen_by_timing(monkeypatch: pytest.MonkeyPatch) -> No
         choose_prefill_softmax("matmul", native, dtype=torch.float32, device=cpu, **dims) is native
     )
     monkeypatch.undo()
+    monkeypatch.setattr(prefill_backend, "_kernel", lambda **kwargs: None)
     monkeypatch.setattr(prefill_backend, "prefill_sdpa", slow)
     assert choose_prefill_softmax("auto", native, dtype=torch.float32, device=cpu, **dims) is native
     assert choose_prefill_softmax("sdpa", native, dtype=torch.float32, device=cpu, **dims) is None
+    monkeypatch.undo()
+
+
+@pytest.mark.skipif(
+    not native_prefill().f32_available, reason="this CPU has no AVX2 + FMA: no float32 kernel"
+)
+def test_where_the_kernel_runs_it_is_the_matmul_form_that_is_timed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dims = {"num_heads": HEADS, "num_kv_heads": KV_HEADS, "head_dim": 16}  # a size it takes
+    cpu, native = torch.device("cpu"), native_layer()
+    calls = []
+
+    def slow(self: object, *args: object) -> object:
+        calls.append(1)
+        time.sleep(0.1)
+        return None
+
+    monkeypatch.setattr(type(native_prefill()), "__call__", slow)
+    assert choose_prefill_softmax("auto", native, dtype=torch.float32, device=cpu, **dims) is None
+    assert calls  # the kernel was timed (two slow matmuls were not asked for)
+    monkeypatch.undo()
+    monkeypatch.setattr(prefill_backend, "prefill_sdpa", lambda *args: time.sleep(0.1))
+    assert choose_prefill_softmax("auto", native, dtype=torch.float32, device=cpu, **dims) is native
 
 
 def test_a_pinned_prefill_form_is_checked() -> None:

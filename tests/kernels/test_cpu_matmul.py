@@ -2,7 +2,7 @@
 bf16, float32 sums and one rounding, so within a bf16 step of the exact result; in float32
 within float32 sums' error. At every row count its tiles and work items split (1-5 left over
 after tiles of 6, chunks of 96; on AMX tiles of 16 rows, items of 64, a short step's single
-tile; on the FMA path tiles of 6 (float32) or 5 (bf16) rows, slabs of 256 inputs). On an AMX
+tile; on the FMA path tiles of 6 rows, slabs of 256 inputs). On an AMX
 CPU the weights whose input width is a multiple of 32 take the AMX path and the others (k = 2,
 8) the vdpbf16ps one; a build without AMX checks the latter on the same shapes. The FMA path
 (AVX2: bf16 weights widened to float32, and every float32 matmul) is what an AVX2-only CPU
