@@ -62,6 +62,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="auto: vLLM rows when its venv exists (else say why); required: fail without it",
     )
     parser.add_argument("--vllm-modes", default="compiled,eager", help="compiled and/or eager")
+    # Where the peers' best dtype is not loragate's (an AVX2 CPU: oneDNN has no bf16 kernels,
+    # so vLLM and transformers run float32 several times faster than bf16), this runs them in
+    # that dtype inside each block, interleaved with loragate in the block's own dtype.
+    parser.add_argument(
+        "--baseline-dtype",
+        choices=["same", *sorted(_DTYPES)],
+        default="same",
+        help="the dtype vLLM and transformers run in (same: each block's)",
+    )
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per workload")
     return parser.parse_args(argv)
 
@@ -213,11 +222,13 @@ def measure(
 ) -> dict[str, Any]:
     """Everything of one dtype: matmul peak, the workloads (loragate, vLLM, transformers), MFU."""
     torch_dtype = _DTYPES[dtype]
-    print(f"dtype {dtype}", flush=True)
+    baseline = dtype if args.baseline_dtype == "same" else args.baseline_dtype
+    print(f"dtype {dtype}" + ("" if baseline == dtype else f" (vLLM, transformers: {baseline})"),
+          flush=True)  # fmt: skip
     peak = measure_matmul_peak(torch_dtype, plan.matmul_sizes)
     print(f"matmul peak {peak.flops_per_s / 1e12:.3f} TFLOP/s (n={peak.size})", flush=True)
     vllm: dict[str, vllm_offline.VllmWorker] = {}
-    vllm_setups = vllm_settings(args, plan, model_dir, dtype) if args.vllm != "off" else []
+    vllm_setups = vllm_settings(args, plan, model_dir, baseline) if args.vllm != "off" else []
     if args.vllm == "required" and vllm_offline.vllm_python() is None:
         raise SystemExit(vllm_offline.missing_reason())
     warmup = make_workload(WARMUP, pool)
@@ -225,7 +236,7 @@ def measure(
         vllm = vllm_offline.start_workers(model_dir, vllm_setups, OUT_DIR)
         for worker in vllm.values():  # the same short warm-up as the engine's
             worker.run(warmup)
-        hf_model = hf_baseline.load_hf_model(model_dir, torch_dtype)
+        hf_model = hf_baseline.load_hf_model(model_dir, _DTYPES[baseline])
         hf_baseline.warm_up(hf_model, warmup, pad_id=0)
         flop_model = FlopModel.from_config(load_model_config(str(model_dir)))
         cells: dict[str, Any] = {}
@@ -286,6 +297,7 @@ def measure(
     )
     return {
         "ratios": _ratios(tokens_per_s),
+        "baseline_dtype": baseline,
         "tokens_per_s": tokens_per_s,
         "mfu": mfu["mfu"],
         "mfu_detail": mfu,
@@ -334,12 +346,15 @@ def main(argv: list[str] | None = None) -> int:
             for system, rate in by_system.items():
                 if rate > best.setdefault(workload, {}).get(system, 0.0):
                     best[workload][system] = rate
-                    best_dtype.setdefault(workload, {})[system] = dtype
+                    ran_in = dtype if system == "loragate" else result["baseline_dtype"]
+                    best_dtype.setdefault(workload, {})[system] = ran_in
     ratios = _ratios(best)
 
     print()
     for dtype, result in by_dtype.items():
-        print(f"[{dtype}, {args.threads} thread(s), cores {cores}]")
+        baseline = result["baseline_dtype"]
+        peers = "" if baseline == dtype else f" (vLLM and transformers in {baseline})"
+        print(f"[{dtype}{peers}, {args.threads} thread(s), cores {cores}]")
         print(format_table(result.pop("_rows")))
         print()
     print("each system at its best dtype:")
