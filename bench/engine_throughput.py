@@ -225,8 +225,15 @@ def measure(
     baseline = dtype if args.baseline_dtype == "same" else args.baseline_dtype
     print(f"dtype {dtype}" + ("" if baseline == dtype else f" (vLLM, transformers: {baseline})"),
           flush=True)  # fmt: skip
-    peak = measure_matmul_peak(torch_dtype, plan.matmul_sizes)
-    print(f"matmul peak {peak.flops_per_s / 1e12:.3f} TFLOP/s (n={peak.size})", flush=True)
+    # Where oneDNN has no bf16 kernels (AVX2), PyTorch's bf16 matmul is a slow fallback loop
+    # (minutes at n = 4096) and the engine's bf16 matmuls run on float32 FMAs
+    # (kernels/cpu_fma_tile.h): float32's peak is the machine's there.
+    peak_dtype = torch_dtype
+    if torch_dtype is torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        peak_dtype = torch.float32
+    peak = measure_matmul_peak(peak_dtype, plan.matmul_sizes)
+    print(f"matmul peak {peak.flops_per_s / 1e12:.3f} TFLOP/s (n={peak.size}, "
+          f"{str(peak_dtype).removeprefix('torch.')})", flush=True)  # fmt: skip
     vllm: dict[str, vllm_offline.VllmWorker] = {}
     vllm_setups = vllm_settings(args, plan, model_dir, baseline) if args.vllm != "off" else []
     if args.vllm == "required" and vllm_offline.vllm_python() is None:

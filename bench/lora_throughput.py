@@ -104,7 +104,7 @@ def _lora_vs_base_and_peft(
     run: Callable[..., Cell],
     plan: LoraPlan,
     model_dir: Path,
-    dtype: str,
+    peft_dtype: str,
     requests: Sequence[BenchRequest],
     eight: dict[str, Path],
     mix: Sequence[str | None],
@@ -112,7 +112,7 @@ def _lora_vs_base_and_peft(
     vllm: lora_vllm.LoraVllm | None = None,
 ) -> tuple[dict[str, list[Cell]], list[Cell]]:
     """(a) and (b): base and 8-adapter cells (interleaved repeats, vLLM's base and 8-adapter
-    cells in the same rounds when given), LoRA disabled, PEFT."""
+    cells in the same rounds when given), LoRA disabled, PEFT (in `peft_dtype`)."""
     tries: dict[str, list[Cell]] = {"base": [], "lora": []}
     for _ in range(plan.repeats):  # interleaved, so drift and warm-up hit both alike
         if vllm is not None:
@@ -132,7 +132,7 @@ def _lora_vs_base_and_peft(
     nolora = run(
         "base-nolora", "LoRA disabled", none, {}, max_loras=8, max_cpu_loras=8, enable_lora=False
     )
-    peft = load_peft(model_dir, _DTYPES[dtype], eight)
+    peft = load_peft(model_dir, _DTYPES[peft_dtype], eight)
     mixed, seq = (
         Cell(name, "peft", setting, n, len(requests), tokens, wall, cpu)
         for name, setting, n, tokens, wall, cpu in run_peft(
@@ -166,7 +166,16 @@ def main(argv: list[str] | None = None) -> int:
         help="vLLM with LoRA beside (a): auto when its venv exists (else say why)",
     )
     parser.add_argument("--vllm-mode", choices=["compiled", "eager"], default="compiled")
+    # As bench/engine_throughput.py's: on an AVX2 CPU (no oneDNN bf16) PEFT and vLLM run
+    # float32 several times faster than bf16, so they are measured in their best dtype.
+    parser.add_argument(
+        "--baseline-dtype",
+        choices=["same", *sorted(_DTYPES)],
+        default="same",
+        help="the dtype PEFT and vLLM run in (same: --dtype)",
+    )
     args = parser.parse_args(argv)
+    baseline = args.dtype if args.baseline_dtype == "same" else args.baseline_dtype
     plan = QUICK if args.quick else FULL
     args.rank = plan.rank
     torch.set_num_threads(args.threads)
@@ -178,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = ensure_model(
         args.model or Path(f".cache/models/{plan.model_size}"), plan.model_size
     )
-    print(f"threads {args.threads}, dtype {args.dtype}, load average {load_start}", flush=True)
+    peers = "" if baseline == args.dtype else f" (PEFT, vLLM: {baseline})"
+    print(f"threads {args.threads}, dtype {args.dtype}{peers}, load average {load_start}",
+          flush=True)  # fmt: skip
     requests = make_workload(plan.workload, token_pool(model_dir))
     print(f"workload {plan.workload.name}: {summarize(requests)}", flush=True)
     count = max(plan.num_adapters, plan.scaling_dirs)
@@ -205,11 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cells == "all":
         vllm = None
         if args.vllm != "off":
-            vllm = lora_vllm.start(model_dir, args.dtype, requests, eight, rank=plan.rank,
+            vllm = lora_vllm.start(model_dir, baseline, requests, eight, rank=plan.rank,
                                    max_num_seqs=MAX_NUM_SEQS, mode=args.vllm_mode)  # fmt: skip
         try:
             tries, ab = _lora_vs_base_and_peft(
-                run, plan, model_dir, args.dtype, requests, eight, mix, none, vllm
+                run, plan, model_dir, baseline, requests, eight, mix, none, vllm
             )
         finally:
             if vllm is not None:

@@ -13,6 +13,8 @@ and the rows of short runs in one gathered kernel call.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kernels.cpu_gathered import GatheredKernel, SubOutputs
@@ -84,17 +86,18 @@ def lora_add_cpu(
     """
     plan = meta.cpu if meta.cpu is not None else plan_cpu(meta.segments, meta.ranks, x.device)
     subs = tuple(sub_outputs) if sub_outputs is not None and len(sub_outputs) > 1 else None
+    widen = x.dtype is torch.bfloat16 and not _bf16_matmuls_fast()
     for start, end, slot in plan.runs:
         rank = meta.ranks[slot]
-        y = x[start:end] @ lora_a[slot, :rank].T  # [rows, rank]
+        y = _mm(x[start:end], lora_a[slot, :rank].T, widen)  # [rows, rank]
         # a lone short run keeps one fused expand: n small calls would cost more than zeros
         if subs is None or end - start <= DENSE_RUN_MAX:
-            out[start:end].addmm_(y, lora_b[slot, :, :rank].T)
+            _addmm_(out[start:end], y, lora_b[slot, :, :rank].T, widen)
             continue
         r = rank // len(subs)
         for i, (offset, width) in enumerate(subs):
             b = lora_b[slot, offset : offset + width, i * r : i * r + r]  # [width, r]
-            out[start:end, offset : offset + width].addmm_(y[:, i * r : i * r + r], b.T)
+            _addmm_(out[start:end, offset : offset + width], y[:, i * r : i * r + r], b.T, widen)
     if plan.gathered is not None:
         kernel = cpu_gathered if cpu_gathered is not None else default_rows_kernel()
         n = len(subs) if subs is not None else 1
@@ -109,3 +112,29 @@ def lora_add_cpu(
             subs if subs is not None else ((0, out.shape[1]),),
             meta.max_rank // n,
         )
+
+
+@functools.cache
+def _bf16_matmuls_fast() -> bool:
+    """Whether PyTorch's bf16 matmuls run on oneDNN's bf16 kernels here. Where they do not (an
+    AVX2 CPU), a bf16 matmul falls back to a loop several times slower than float32's (~18
+    against ~130 GFLOP/s on a 2-core AVX2 EPYC), and the long runs multiply in float32 instead,
+    rounded as the bf16 operations round."""
+    return bool(
+        torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, widen: bool) -> torch.Tensor:
+    """a @ b, in a's dtype: float32 sums, one rounding (widened: the same, by float32 BLAS)."""
+    if not widen:
+        return a @ b
+    return (a.float() @ b.float()).to(a.dtype)
+
+
+def _addmm_(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, widen: bool) -> None:
+    """c += a @ b in place, one rounding of the sum (c may be a strided view)."""
+    if not widen:
+        c.addmm_(a, b)
+        return
+    c.copy_(torch.addmm(c.float(), a.float(), b.float()))
