@@ -9,7 +9,9 @@ CONFIG_JSON holds the `LLM(...)` keyword arguments. Commands arrive as JSON line
 `{"op": "run", "requests": [[prompt_token_ids, max_tokens, adapter_name_or_null], ...],
 "adapters": {name: path}}` runs one `generate` call over the whole list (token-id prompts,
 greedy, `ignore_eos`) and answers `{"elapsed_s", "num_tokens", "lengths_ok"}` on REPLY_FD;
-`{"op": "quit"}` ends it. Start-up answers `{"ready": true, "load_s"}` once the model is loaded
+`{"op": "quit"}` ends it. vLLM's prefix cache is emptied before each run (untimed): the benchmark
+sends the same prompts every round, and loragate's rounds start from a fresh engine (in one
+run of three rounds the cached prompts made vLLM's later rounds 1.5x faster). Start-up answers `{"ready": true, "load_s"}` once the model is loaded
 (and, unless `enforce_eager`, compiled). vLLM's own logs go to stdout/stderr.
 """
 
@@ -65,6 +67,7 @@ def main() -> int:
             else:
                 int_id = lora_ids.setdefault(adapter, len(lora_ids) + 1)
                 loras.append(LoRARequest(adapter, int_id, adapters[adapter]))
+        llm.reset_prefix_cache()
         started = time.perf_counter()
         outputs = llm.generate(
             prompts,
