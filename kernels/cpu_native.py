@@ -47,6 +47,7 @@ HEADERS = tuple(
         "cpu_math.h",
         "cpu_dot_tile.h",
         "cpu_fma_tile.h",
+        "cpu_lora_runs.h",
     )
 )
 # -fno-trapping-math: without it GCC keeps every float select (a clamp, a sign test) a branch, and
@@ -56,6 +57,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "
 _ENTRIES = {torch.bfloat16: "lora_rows_bf16", torch.float32: "lora_rows_f32"}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = [_P, _I, _P, _I, _P, _P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _I]
+_RUNS_ARGTYPES = [_P, _I, _P, _I, _P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _I]
 # cpu_rows.cpp holds a row's shrink output on the stack: n * rank <= 3 * 256 floats
 MAX_FUSED_RANK = 3 * 256
 
@@ -157,6 +159,17 @@ class NativeRows:
 
     def __init__(self, library: Path, fallback: GatheredKernel | None = None):
         self._entries = load_entries(library, _ENTRIES, _ARGTYPES)
+        lib = ctypes.CDLL(str(library))
+        lib.lora_runs_available.restype = ctypes.c_int
+        # runs in tiles (cpu_lora_runs.h): bf16 where the CPU has AVX512-BF16
+        self._runs = (
+            load_entries(library, {torch.bfloat16: "lora_runs_bf16"}, _RUNS_ARGTYPES)[
+                torch.bfloat16
+            ]
+            if lib.lora_runs_available()
+            else None
+        )
+        self.runs_bf16 = self._runs is not None
         self._fallback = fallback
         self._subs: dict[tuple[tuple[int, int], ...], torch.Tensor] = {}
         self.library = library
@@ -178,6 +191,53 @@ class NativeRows:
             and lora_b_rows.is_contiguous()
         )
 
+    def run_segments(
+        self,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        segments: torch.Tensor,
+        lora_a: torch.Tensor,
+        lora_b_rows: torch.Tensor,
+        slot_ranks: torch.Tensor,
+        subs: tuple[tuple[int, int], ...],
+        rank: int,
+    ) -> bool:
+        """Every run of `segments` ([K, 3] int64 (start, end, slot), rows consecutive) in one
+        call of the tiled kernel, long runs and short alike; False (nothing done) where that
+        kernel does not take the call (not bf16, no AVX512-BF16, another layout): the caller
+        then runs long runs by matmuls and short ones by `__call__`."""
+        if (
+            self._runs is None
+            or x.dtype is not torch.bfloat16
+            or not self.runs_natively(x, out, lora_a, lora_b_rows)
+        ):
+            return False
+        slot_ranks = slot_ranks.to(torch.int32).contiguous()
+        self._runs(
+            x.data_ptr(),
+            x.stride(0),
+            out.data_ptr(),
+            out.stride(0),
+            segments.data_ptr(),
+            segments.shape[0],
+            lora_a.data_ptr(),
+            lora_a.shape[2],
+            lora_b_rows.data_ptr(),
+            lora_b_rows.shape[2],
+            slot_ranks.data_ptr(),
+            self._sub_table(subs).data_ptr(),
+            len(subs),
+            rank,
+            torch.get_num_threads(),
+        )
+        return True
+
+    def _sub_table(self, subs: tuple[tuple[int, int], ...]) -> torch.Tensor:
+        table = self._subs.get(subs)
+        if table is None:  # a handful of distinct tuples per model: kept
+            table = self._subs[subs] = torch.tensor(subs, dtype=torch.int64).reshape(-1)
+        return table
+
     def __call__(
         self,
         x: torch.Tensor,
@@ -193,9 +253,7 @@ class NativeRows:
         if not self.runs_natively(x, out, lora_a, lora_b_rows):
             self.fallback()(x, out, rows, slots, lora_a, lora_b_rows, slot_ranks, subs, rank)
             return
-        table = self._subs.get(subs)
-        if table is None:  # a handful of distinct tuples per model: kept
-            table = self._subs[subs] = torch.tensor(subs, dtype=torch.int64).reshape(-1)
+        table = self._sub_table(subs)
         # the index tensors come from kernels/cpu_plan.py (int64) and LoRAKernelMeta (int32)
         rows, slots = rows.contiguous(), slots.contiguous()
         slot_ranks = slot_ranks.to(torch.int32).contiguous()

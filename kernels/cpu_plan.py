@@ -33,6 +33,9 @@ class GatheredRows:
 class CpuPlan:
     runs: tuple[tuple[int, int, int], ...]  # (start, end, slot): a matmul pair each
     gathered: GatheredRows | None
+    # every non-empty run, long and short, [K, 3] int64 (start, end, slot): what the tiled
+    # kernel takes in one call where it runs (kernels/cpu_lora_runs.h; bf16 on AVX512-BF16)
+    segments: torch.Tensor
 
 
 def plan_cpu(
@@ -41,9 +44,10 @@ def plan_cpu(
     """`segments`: (start, end, slot >= 0) runs in row order; `ranks[slot]` = 0 for an empty
     slot, whose rows get nothing."""
     segments = [segment for segment in segments if ranks[segment[2]]]
+    every = torch.tensor(segments, dtype=torch.long, device=device).reshape(-1, 3)
     short = [s for s in segments if s[1] - s[0] <= DENSE_RUN_MAX]
     if len(short) < 2:  # a lone short run is just a run
-        return CpuPlan(tuple(segments), None)
+        return CpuPlan(tuple(segments), None, every)
     rows = [row for start, end, _ in short for row in range(start, end)]
     slots = [slot for start, end, slot in short for _ in range(start, end)]
 
@@ -51,4 +55,4 @@ def plan_cpu(
         return torch.tensor(values, dtype=torch.long, device=device)
 
     runs = tuple(s for s in segments if s[1] - s[0] > DENSE_RUN_MAX)
-    return CpuPlan(runs, GatheredRows(as_tensor(rows), as_tensor(slots)))
+    return CpuPlan(runs, GatheredRows(as_tensor(rows), as_tensor(slots)), every)

@@ -23,6 +23,7 @@
 #endif
 
 #include "cpu_bf16.h"
+#include "cpu_lora_runs.h"
 
 namespace {
 
@@ -200,3 +201,70 @@ void rows_kernel(const T* x, int64_t x_stride, T* out, int64_t out_stride, const
 
 LORA_ROWS_ENTRY(lora_rows_bf16, BFloat16)
 LORA_ROWS_ENTRY(lora_rows_f32, float)
+
+// Runs of rows that share a slot, in tiles (kernels/cpu_lora_runs.h): segs holds num_segs
+// (start, end, slot) triples of consecutive rows; the same function as lora_rows_bf16 over
+// those rows. Only where the CPU has AVX512-BF16 (lora_runs_available); the caller runs the
+// rows kernel and oneDNN otherwise.
+extern "C" int lora_runs_available() {
+#if defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+extern "C" void lora_runs_bf16(const void* x, int64_t x_stride, void* out, int64_t out_stride,
+                               const int64_t* segs, int64_t num_segs, const void* lora_a,
+                               int64_t in_features, const void* lora_b, int64_t out_features,
+                               const int32_t* slot_ranks, const int64_t* subs, int64_t n,
+                               int64_t rank, int64_t threads) {
+#if defined(__AVX512BF16__)
+    using loragate::kRunRows;
+    // Work items: kRunRows rows of one run each, in row order (a thread's items are mostly of
+    // one slot, whose weights then stay in its cache).
+    int64_t num_items = 0;
+    for (int64_t s = 0; s < num_segs; s++)
+        num_items += (segs[3 * s + 1] - segs[3 * s] + kRunRows - 1) / kRunRows;
+    int64_t* items = new int64_t[2 * (num_items > 0 ? num_items : 1)];  // (first row, slot)
+    int64_t* ends = new int64_t[num_items > 0 ? num_items : 1];
+    int64_t item = 0;
+    for (int64_t s = 0; s < num_segs; s++)
+        for (int64_t row = segs[3 * s]; row < segs[3 * s + 1]; row += kRunRows, item++) {
+            items[2 * item] = row;
+            items[2 * item + 1] = segs[3 * s + 2];
+            ends[item] = segs[3 * s + 1];
+        }
+    const auto* xb = static_cast<const BFloat16*>(x);
+    auto* ob = static_cast<BFloat16*>(out);
+    const auto* ab = static_cast<const BFloat16*>(lora_a);
+    const auto* bb = static_cast<const BFloat16*>(lora_b);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t t = 0; t < num_items; t++) {
+        const int64_t row = items[2 * t], slot = items[2 * t + 1];
+        const int64_t r = slot_ranks[slot] / n;
+        if (r <= 0) continue;
+        const int64_t rows = ends[t] - row < kRunRows ? ends[t] - row : kRunRows;
+        const BFloat16* xr = xb + row * x_stride;
+        BFloat16* outr = ob + row * out_stride;
+        const BFloat16* a_slot = ab + slot * n * rank * in_features;
+        const BFloat16* b_slot = bb + slot * n * rank * out_features;
+        switch (rows) {
+            case 1: loragate::run_tile<1>(xr, x_stride, outr, out_stride, a_slot, in_features,
+                                          b_slot, out_features, subs, n, r); break;
+            case 2: loragate::run_tile<2>(xr, x_stride, outr, out_stride, a_slot, in_features,
+                                          b_slot, out_features, subs, n, r); break;
+            case 3: loragate::run_tile<3>(xr, x_stride, outr, out_stride, a_slot, in_features,
+                                          b_slot, out_features, subs, n, r); break;
+            default: loragate::run_tile<4>(xr, x_stride, outr, out_stride, a_slot, in_features,
+                                           b_slot, out_features, subs, n, r);
+        }
+    }
+    delete[] items;
+    delete[] ends;
+#else
+    (void)x, (void)x_stride, (void)out, (void)out_stride, (void)segs, (void)num_segs;
+    (void)lora_a, (void)in_features, (void)lora_b, (void)out_features, (void)slot_ranks;
+    (void)subs, (void)n, (void)rank, (void)threads;
+#endif
+}

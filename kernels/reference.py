@@ -86,6 +86,15 @@ def lora_add_cpu(
     """
     plan = meta.cpu if meta.cpu is not None else plan_cpu(meta.segments, meta.ranks, x.device)
     subs = tuple(sub_outputs) if sub_outputs is not None and len(sub_outputs) > 1 else None
+    kernel = cpu_gathered if cpu_gathered is not None else default_rows_kernel()
+    n = len(subs) if subs is not None else 1
+    every_sub = subs if subs is not None else ((0, out.shape[1]),)
+    run_segments = getattr(kernel, "run_segments", None)  # the C kernel's tiles of runs
+    if run_segments is not None and run_segments(
+        x, out, plan.segments, lora_a, lora_b.transpose(1, 2), meta.slot_ranks, every_sub,
+        meta.max_rank // n,
+    ):  # fmt: skip
+        return
     widen = x.dtype is torch.bfloat16 and not _bf16_matmuls_fast()
     for start, end, slot in plan.runs:
         rank = meta.ranks[slot]
@@ -99,8 +108,6 @@ def lora_add_cpu(
             b = lora_b[slot, offset : offset + width, i * r : i * r + r]  # [width, r]
             _addmm_(out[start:end, offset : offset + width], y[:, i * r : i * r + r], b.T, widen)
     if plan.gathered is not None:
-        kernel = cpu_gathered if cpu_gathered is not None else default_rows_kernel()
-        n = len(subs) if subs is not None else 1
         kernel(
             x,
             out,
@@ -109,7 +116,7 @@ def lora_add_cpu(
             lora_a,
             lora_b.transpose(1, 2),  # [S, n R, out]: a plain view of the CPU storage
             meta.slot_ranks,
-            subs if subs is not None else ((0, out.shape[1]),),
+            every_sub,
             meta.max_rank // n,
         )
 
