@@ -104,6 +104,12 @@ inline void expand_tile(const uint32_t (*pairs)[kRunMaxY / 2], const BFloat16* b
     for (int64_t k = 0; k < r; k += 2) {
         const BFloat16* b0 = b + k * stride + c0;
         const BFloat16* b1 = k + 1 < r ? b0 + stride : b0;  // times a zero y past the rank
+        if (C == 4) {  // the next block's columns of these rows: 16+ short streams at once
+            _mm_prefetch(reinterpret_cast<const char*>(b0 + 64), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(b0 + 96), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(b1 + 64), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(b1 + 96), _MM_HINT_T0);
+        }
         __m512bh w[C];
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) w[c] = interleave_rows(b0 + 16 * c, b1 + 16 * c, mask);
