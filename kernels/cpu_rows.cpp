@@ -15,8 +15,10 @@
 // rows of B at a time, a cache line from each) and a call costs ~20-30 us; this reads each row
 // of weights front to back (bench/RESULTS.md has the figures).
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -221,47 +223,30 @@ extern "C" void lora_runs_bf16(const void* x, int64_t x_stride, void* out, int64
                                int64_t rank, int64_t threads) {
 #if defined(__AVX512BF16__)
     using loragate::kRunRows;
-    // Work items: kRunRows rows of one run each, in row order (a thread's items are mostly of
-    // one slot, whose weights then stay in its cache).
-    int64_t num_items = 0;
+    // Work items: up to kRunRows rows of one run each, in row order (a thread's items are then
+    // mostly of one slot, whose weights stay in its cache).
+    struct Item {
+        int64_t row, end, slot;
+    };
+    std::vector<Item> items;
     for (int64_t s = 0; s < num_segs; s++)
-        num_items += (segs[3 * s + 1] - segs[3 * s] + kRunRows - 1) / kRunRows;
-    int64_t* items = new int64_t[2 * (num_items > 0 ? num_items : 1)];  // (first row, slot)
-    int64_t* ends = new int64_t[num_items > 0 ? num_items : 1];
-    int64_t item = 0;
-    for (int64_t s = 0; s < num_segs; s++)
-        for (int64_t row = segs[3 * s]; row < segs[3 * s + 1]; row += kRunRows, item++) {
-            items[2 * item] = row;
-            items[2 * item + 1] = segs[3 * s + 2];
-            ends[item] = segs[3 * s + 1];
-        }
+        for (int64_t row = segs[3 * s]; row < segs[3 * s + 1]; row += kRunRows)
+            items.push_back({row, segs[3 * s + 1], segs[3 * s + 2]});
     const auto* xb = static_cast<const BFloat16*>(x);
     auto* ob = static_cast<BFloat16*>(out);
     const auto* ab = static_cast<const BFloat16*>(lora_a);
     const auto* bb = static_cast<const BFloat16*>(lora_b);
+    const int64_t num_items = static_cast<int64_t>(items.size());
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < num_items; t++) {
-        const int64_t row = items[2 * t], slot = items[2 * t + 1];
-        const int64_t r = slot_ranks[slot] / n;
+        const Item item = items[t];
+        const int64_t r = slot_ranks[item.slot] / n;
         if (r <= 0) continue;
-        const int64_t rows = ends[t] - row < kRunRows ? ends[t] - row : kRunRows;
-        const BFloat16* xr = xb + row * x_stride;
-        BFloat16* outr = ob + row * out_stride;
-        const BFloat16* a_slot = ab + slot * n * rank * in_features;
-        const BFloat16* b_slot = bb + slot * n * rank * out_features;
-        switch (rows) {
-            case 1: loragate::run_tile<1>(xr, x_stride, outr, out_stride, a_slot, in_features,
-                                          b_slot, out_features, subs, n, r); break;
-            case 2: loragate::run_tile<2>(xr, x_stride, outr, out_stride, a_slot, in_features,
-                                          b_slot, out_features, subs, n, r); break;
-            case 3: loragate::run_tile<3>(xr, x_stride, outr, out_stride, a_slot, in_features,
-                                          b_slot, out_features, subs, n, r); break;
-            default: loragate::run_tile<4>(xr, x_stride, outr, out_stride, a_slot, in_features,
-                                           b_slot, out_features, subs, n, r);
-        }
+        const int rows = static_cast<int>(std::min<int64_t>(item.end - item.row, kRunRows));
+        loragate::run_rows(rows, xb + item.row * x_stride, x_stride, ob + item.row * out_stride,
+                           out_stride, ab + item.slot * n * rank * in_features, in_features,
+                           bb + item.slot * n * rank * out_features, out_features, subs, n, r);
     }
-    delete[] items;
-    delete[] ends;
 #else
     (void)x, (void)x_stride, (void)out, (void)out_stride, (void)segs, (void)num_segs;
     (void)lora_a, (void)in_features, (void)lora_b, (void)out_features, (void)slot_ranks;
