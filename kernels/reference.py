@@ -8,7 +8,8 @@ both.
 ``lora_shrink_ref`` / ``lora_expand_ref`` are the exact semantics (float32 products), against
 which the Triton kernels are tested. ``lora_add_cpu`` is what runs on CPU: long runs grouped
 the same way, with both products in the activations' dtype fused into an in-place ``addmm_``,
-and the rows of short runs in one gathered kernel call.
+and the rows of short runs in one gathered kernel call; or, where the C kernel takes it (bf16
+on AVX512-BF16), every run in one call of its tiled form (kernels/cpu_lora_runs.h).
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ def lora_add_cpu(
     """``lora_expand_ref(lora_shrink_ref(x, lora_a, meta), lora_b, meta, out)`` computed in the
     inputs' dtype: x, lora_a, lora_b and out share one dtype.
 
-    Per long run: ``y = x[run] @ A.T`` and ``out[run].addmm_(y, B.T)``, two BLAS calls and no
+    Where the kernel has ``run_segments`` and it takes the call (the C kernel in bf16 on
+    AVX512-BF16), every run, long and short, goes there in one call. Otherwise, per long run:
+    ``y = x[run] @ A.T`` and ``out[run].addmm_(y, B.T)``, two BLAS calls and no
     temporary of the output's width; the rows of the short runs go to one call of the gathered
     kernel (kernels/cpu_plan.py, kernels/cpu_gathered.py; ``cpu_gathered``, default the C one of
     kernels/cpu_native.py, else the compiled one). In float32 this is the reference up to
