@@ -35,6 +35,7 @@ from report import Row, format_table, load_average, write_record
 from workload import BenchRequest, make_workload, summarize, token_pool
 
 from engine.models.hf_config import load_model_config
+from kernels import onednn
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 T = TypeVar("T")
@@ -229,7 +230,7 @@ def measure(
     # (minutes at n = 4096) and the engine's bf16 matmuls run on float32 FMAs
     # (kernels/cpu_fma_tile.h): float32's peak is the machine's there.
     peak_dtype = torch_dtype
-    if torch_dtype is torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if torch_dtype is torch.bfloat16 and not onednn.has_bf16():
         peak_dtype = torch.float32
     peak = measure_matmul_peak(peak_dtype, plan.matmul_sizes)
     print(f"matmul peak {peak.flops_per_s / 1e12:.3f} TFLOP/s (n={peak.size}, "

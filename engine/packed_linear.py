@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.timing import best_time
+from kernels import onednn
 from kernels.cpu_matmul import (
     NativeMatmul,
     deinterleave_gate_up,
@@ -38,7 +39,7 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     if dtype is torch.bfloat16:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return onednn.has_bf16()
     return dtype is torch.float32
 
 

@@ -13,7 +13,9 @@ to the dtype between ops, as transformers' eager attention does.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -69,18 +71,12 @@ def choose_prefill_softmax(
     seg = PrefillSegment(0, _CHUNK, 0, None)
     scale = head_dim**-0.5
     kernel = _kernel(head_dim=head_dim, dtype=dtype, device=device)
+    matmul_form: Callable[[], object]
     if kernel is not None:  # the chunk's keys and values where the kernel reads them
         k_cache, v_cache = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
-        slots = torch.arange(_CHUNK)
-
-        def matmul_form() -> object:
-            assert kernel is not None
-            return kernel(q, k_cache, v_cache, slots, 0, scale)
+        matmul_form = functools.partial(kernel, q, k_cache, v_cache, torch.arange(_CHUNK), 0, scale)
     else:
-
-        def matmul_form() -> object:
-            return prefill_matmul(q, k, v, empty, empty, seg, scale, native)
-
+        matmul_form = functools.partial(prefill_matmul, q, k, v, empty, empty, seg, scale, native)
     timings = {
         "matmul": best_time(matmul_form, _REPEATS),
         "sdpa": best_time(lambda: prefill_sdpa(q, k, v, empty, empty, seg, scale), _REPEATS),

@@ -57,7 +57,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "
 _ENTRIES = {torch.bfloat16: "lora_rows_bf16", torch.float32: "lora_rows_f32"}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = [_P, _I, _P, _I, _P, _P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _I]
-_RUNS_ARGTYPES = [_P, _I, _P, _I, _P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _I]
+_RUNS_ARGTYPES: list[Any] = [_P, _I, _P, _I, _P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _I]
 # cpu_rows.cpp holds a row's shrink output on the stack: n * rank <= 3 * 256 floats
 MAX_FUSED_RANK = 3 * 256
 
@@ -159,23 +159,22 @@ class NativeRows:
 
     def __init__(self, library: Path, fallback: GatheredKernel | None = None):
         self._entries = load_entries(library, _ENTRIES, _ARGTYPES)
-        lib = ctypes.CDLL(str(library))
-        lib.lora_runs_available.restype = ctypes.c_int
         # runs in tiles (cpu_lora_runs.h): bf16 where the CPU has AVX512-BF16
-        self._runs = (
-            load_entries(library, {torch.bfloat16: "lora_runs_bf16"}, _RUNS_ARGTYPES)[
-                torch.bfloat16
-            ]
-            if lib.lora_runs_available()
-            else None
-        )
-        self.runs_bf16 = self._runs is not None
+        lib = ctypes.CDLL(str(library))
+        self._runs = lib.lora_runs_bf16 if lib.lora_runs_available() else None
+        if self._runs is not None:
+            self._runs.argtypes, self._runs.restype = _RUNS_ARGTYPES, None
         self._fallback = fallback
         self._subs: dict[tuple[tuple[int, int], ...], torch.Tensor] = {}
         self.library = library
 
     def fallback(self) -> GatheredKernel:
         return self._fallback if self._fallback is not None else compiled_gathered_rows()
+
+    @property
+    def runs_bf16(self) -> bool:
+        """Whether `run_segments` takes bf16 calls here (the CPU has AVX512-BF16)."""
+        return self._runs is not None
 
     def runs_natively(self, x: torch.Tensor, out: torch.Tensor, lora_a: torch.Tensor,
                       lora_b_rows: torch.Tensor) -> bool:  # fmt: skip

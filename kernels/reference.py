@@ -14,10 +14,9 @@ on AVX512-BF16), every run in one call of its tiled form (kernels/cpu_lora_runs.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from kernels import onednn
 from kernels.cpu_gathered import GatheredKernel, SubOutputs
 from kernels.cpu_native import default_rows_kernel
 from kernels.cpu_plan import DENSE_RUN_MAX, plan_cpu
@@ -98,7 +97,8 @@ def lora_add_cpu(
         meta.max_rank // n,
     ):  # fmt: skip
         return
-    widen = x.dtype is torch.bfloat16 and not _bf16_matmuls_fast()
+    # no oneDNN bf16 (AVX2): the long runs multiply in float32, rounded as the bf16 calls round
+    widen = x.dtype is torch.bfloat16 and not onednn.has_bf16()
     for start, end, slot in plan.runs:
         rank = meta.ranks[slot]
         y = _mm(x[start:end], lora_a[slot, :rank].T, widen)  # [rows, rank]
@@ -122,17 +122,6 @@ def lora_add_cpu(
             every_sub,
             meta.max_rank // n,
         )
-
-
-@functools.cache
-def _bf16_matmuls_fast() -> bool:
-    """Whether PyTorch's bf16 matmuls run on oneDNN's bf16 kernels here. Where they do not (an
-    AVX2 CPU), a bf16 matmul falls back to a loop several times slower than float32's (~18
-    against ~130 GFLOP/s on a 2-core AVX2 EPYC), and the long runs multiply in float32 instead,
-    rounded as the bf16 operations round."""
-    return bool(
-        torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    )
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor, widen: bool) -> torch.Tensor:
