@@ -68,7 +68,8 @@ def test_runs_match_the_row_kernel_and_the_oracle(
     x, lora_a, b_rows, slot_ranks, segments = _case(in_features, in_features, widths, rank)
     subs, n = _subs(widths), len(widths)
     x, lora_a, b_rows = x.bfloat16(), lora_a.bfloat16(), b_rows.bfloat16()
-    start = torch.randn(x.shape[0], sum(widths)).bfloat16()
+    gen = torch.Generator().manual_seed(in_features)
+    start = torch.randn(x.shape[0], sum(widths), generator=gen).bfloat16()
     tiled, rows = start.clone(), start.clone()
     kernel = native_rows()
     assert kernel.run_segments(x, tiled, segments, lora_a, b_rows, slot_ranks, subs, rank)
@@ -84,11 +85,14 @@ def test_runs_match_the_row_kernel_and_the_oracle(
     want = start.double()
     for t, slot in zip(covered.tolist(), slots.tolist(), strict=True):
         r = int(slot_ranks[slot]) // n
-        y = x[t].double() @ lora_a[slot, : n * r].double().T
+        # y rounded to bf16 between the products, as the kernels and a bf16 PEFT model do
+        y = (x[t].double() @ lora_a[slot, : n * r].double().T).bfloat16().double()
         for i, (offset, width) in enumerate(subs):
             block = b_rows[slot, i * r : i * r + r, offset : offset + width].double()
             want[t, offset : offset + width] += y[i * r : i * r + r] @ block
-    torch.testing.assert_close(tiled.double(), want, atol=6e-2, rtol=6e-2)
+    # what is left: out + delta's one rounding (2^-8 relative), and a y whose float32 sum sat
+    # on a rounding boundary
+    torch.testing.assert_close(tiled.double(), want, atol=2e-2, rtol=2**-7)
 
 
 def test_a_strided_output_slice_is_written_in_place() -> None:
