@@ -60,6 +60,10 @@ class EngineConfig:
     # SiLU-times-up and (where timed faster than SDPA) the causal softmax of prefill attention by
     # fused C++ kernels (kernels/cpu_layer.py); off: PyTorch operators and SDPA.
     fused_layer_ops: bool = True
+    # CPU: a decode-only step of the base model runs its layers in one native call
+    # (engine/native_decoder.py) where every part of the step already runs native: the same
+    # kernels in the same order, so the same values; off: layer by layer from Python.
+    native_decode_step: bool = True
     compile_cache_dir: str | None = None
     max_queue_len: int = 4096
     # The loop waits this long for more requests before stepping an empty batch (seconds).

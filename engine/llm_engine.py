@@ -111,6 +111,7 @@ class LLMEngine:
             prefill_attention=config.prefill_attention,
             compile_decode=not config.enforce_eager,
             fused_layer_ops=config.fused_layer_ops,
+            native_decode_step=config.native_decode_step,
             max_num_seqs=config.max_num_seqs,
             compile_cache_dir=_optional_path(config.compile_cache_dir),
         )

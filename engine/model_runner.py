@@ -17,6 +17,7 @@ from engine.compile_decode import CompiledDecode
 from engine.decode_backend import choose_decode_backend
 from engine.models.hf_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
+from engine.native_decoder import NativeDecodeStep, build_native_decode_step
 from engine.outputs import ScheduledSeq, SchedulerOutput
 from engine.prefill_backend import choose_prefill_kernel, choose_prefill_softmax
 from engine.scheduler import adapter_of
@@ -66,6 +67,7 @@ class ModelRunner:
         fused_layer_ops: bool = False,
         max_num_seqs: int = 64,
         compile_cache_dir: Path | None = None,
+        native_decode_step: bool = True,
     ):
         self.model = model
         self.lora = lora
@@ -119,6 +121,16 @@ class ModelRunner:
                 native_attention=self.decode_backend == "native",
             )
             self.compiled.warm_up()
+        self.native_step: NativeDecodeStep | None = None
+        if native_decode_step and self.compiled is None and device.type == "cpu":
+            self.native_step, why = build_native_decode_step(
+                model,
+                self.kv_caches,
+                block_size=block_size,
+                native_layer=native,
+                decode_backend=self.decode_backend,
+            )
+            log.info("native decode step: %s", why)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ForwardOutput:
@@ -142,6 +154,21 @@ class ModelRunner:
                 slots,
                 self._decode_tables(decodes),
                 torch.tensor(lengths, dtype=torch.long, device=self.device),
+            )  # [num_decodes, hidden]
+        elif (
+            self.native_step is not None
+            and decodes
+            and not prefills
+            and not has_lora
+            and self.native_step.takes(len(decodes))
+        ):
+            lengths = [item.seq.num_computed_tokens + 1 for item in decodes]
+            hidden = self.native_step.forward(
+                input_ids,
+                positions,
+                slots,
+                self._decode_tables(decodes),
+                torch.tensor(lengths, dtype=torch.long),
             )  # [num_decodes, hidden]
         else:
             hidden = self._forward_eager(decodes, prefills, has_lora, input_ids, positions, slots)

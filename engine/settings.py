@@ -93,6 +93,12 @@ class EngineSettings(BaseModel):
         "a start-up timing finds it faster than SDPA) prefill attention's softmax by fused C++ "
         "kernels built at start; off: PyTorch operators and SDPA (the reference)",
     )
+    native_decode_step: bool = Field(
+        default=True,
+        description="CPU: a decode-only step of the base model runs its layers in one native "
+        "call where the matmuls, layer ops and decode attention all run native already (the "
+        "same kernels, the same values); off: layer by layer from Python",
+    )
     compile_cache_dir: str | None = Field(
         default=None,
         description="where torch.compile caches its artefacts for fast restarts (default: "
@@ -153,6 +159,7 @@ class EngineSettings(BaseModel):
             prepack_weights=self.prepack_weights,
             native_matmul=self.native_matmul,
             fused_layer_ops=self.fused_layer_ops,
+            native_decode_step=self.native_decode_step,
             compile_cache_dir=self.compile_cache_dir,
             max_queue_len=self.max_queue_len,
             enable_lora=self.enable_lora,

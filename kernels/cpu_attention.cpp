@@ -17,10 +17,18 @@
 // attention's time at batch 64 (bench/RESULTS.md). Here each (row, KV head) pair reads its
 // keys and values where they lie, once, block by block; no copy and no padding.
 
+// GCC's mod-ref analysis would delete the prefetches of the next pair (Ahead, in
+// cpu_attention_bf16.h): before any function is defined.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-ipa-modref")
+#endif
+
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <vector>
+
+#include <omp.h>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -37,6 +45,7 @@ using loragate::from_float;
 using loragate::round_to;
 using loragate::softmax_unnormalised;
 using loragate::to_float;
+using loragate::Ahead;
 using loragate::NoTileState;
 #if defined(__AVX512F__) || defined(__AVX2__)
 using loragate::prefetch_block;
@@ -73,7 +82,7 @@ struct Passes : NoTileState {
     // scores[g][t] = round(q[g] . key[t]) * scale
     static void scores(const T* k_head, const T*, const int64_t* table, int64_t length, int64_t bs,
                        int64_t hd, const float* qf, int64_t group, float scale, float* row,
-                       float* scores) {
+                       float* scores, const Ahead<T>&) {
         for_each_row(k_head, table, length, bs, hd, [&](int64_t t, const T* key) {
             for (int64_t d = 0; d < hd; d++) row[d] = to_float(key[d]);
             for (int64_t g = 0; g < group; g++) {
@@ -88,7 +97,8 @@ struct Passes : NoTileState {
 
     // acc[g] = sum_t p[g][t] value[t]
     static void values(const T* v_head, const int64_t* table, int64_t length, int64_t bs,
-                       int64_t hd, const float* p, int64_t group, float* row, float* acc) {
+                       int64_t hd, const float* p, int64_t group, float* row, float* acc,
+                       const Ahead<T>&) {
         for (int64_t i = 0; i < group * hd; i++) acc[i] = 0.f;
         for_each_row(v_head, table, length, bs, hd, [&](int64_t t, const T* value) {
             for (int64_t d = 0; d < hd; d++) row[d] = to_float(value[d]);
@@ -155,11 +165,12 @@ struct SimdPasses : NoTileState {
 
     static void scores(const T* k_head, const T*, const int64_t* table, int64_t length, int64_t bs,
                        int64_t, const float* qf, int64_t group, float scale, float*,
-                       float* scores) {
+                       float* scores, const Ahead<T>& ahead) {
         for (int64_t t0 = 0; t0 < length; t0 += bs) {
             const T* block = k_head + table[t0 / bs] * bs * HD;
             const int64_t n = length - t0 < bs ? length - t0 : bs;
             if (t0 + bs < length) prefetch_block(k_head + table[t0 / bs + 1] * bs * HD, bs * HD);
+            ahead.keys(t0 / bs, bs, HD);
             for (int64_t t = 0; t < n; t++) {
                 typename Vec::Reg key[kChunks];
                 for (int64_t j = 0; j < kChunks; j++) key[j] = Vec::load(block + t * HD + W * j);
@@ -177,7 +188,8 @@ struct SimdPasses : NoTileState {
     // One query head at a time, so its accumulators stay in registers; the values are read
     // `group` times, from L2 after the first.
     static void values(const T* v_head, const int64_t* table, int64_t length, int64_t bs,
-                       int64_t, const float* p, int64_t group, float*, float* acc) {
+                       int64_t, const float* p, int64_t group, float*, float* acc,
+                       const Ahead<T>& ahead) {
         for (int64_t g = 0; g < group; g++) {
             typename Vec::Reg sum[kChunks];
             for (int64_t j = 0; j < kChunks; j++) sum[j] = Vec::zero();
@@ -187,6 +199,7 @@ struct SimdPasses : NoTileState {
                 const int64_t n = length - t0 < bs ? length - t0 : bs;
                 if (g == 0 && t0 + bs < length)
                     prefetch_block(v_head + table[t0 / bs + 1] * bs * HD, bs * HD);
+                if (g == 0) ahead.values(t0 / bs, bs, HD);
                 for (int64_t t = 0; t < n; t++) {
                     const typename Vec::Reg weight = Vec::splat(pg[t0 + t]);
                     for (int64_t j = 0; j < kChunks; j++)
@@ -210,7 +223,7 @@ using FastPasses = Passes<T, HD>;
 template <typename T, int64_t HD, typename P>
 void attend_one(const T* q, const T* k_cache, const T* v_cache, const int64_t* table,
                 int64_t length, T* out, const Shape& s, int64_t kv, float scale,
-                std::vector<float>& scratch) {
+                std::vector<float>& scratch, const Ahead<T>& ahead) {
     const int64_t group = s.num_heads / s.kv_heads, bs = s.block_size;
     const int64_t hd = HD > 0 ? HD : s.head_dim;
     scratch.resize(static_cast<size_t>(group * (length + 2 * hd) + hd));
@@ -223,34 +236,69 @@ void attend_one(const T* q, const T* k_cache, const T* v_cache, const int64_t* t
         for (int64_t d = 0; d < hd; d++) qf[g * hd + d] = to_float(qh[d]);
     }
     P::scores(k_cache + kv * s.num_slots * hd, v_cache + kv * s.num_slots * hd, table, length, bs, hd, qf, group, scale, row,
-              scores);
+              scores, ahead);
     for (int64_t g = 0; g < group; g++) {  // softmax, then p as the dtype would hold it
         float* sg = scores + g * length;
         const float inv = softmax_unnormalised(sg, length);
 #pragma omp simd
         for (int64_t t = 0; t < length; t++) sg[t] = round_to<T>(sg[t] * inv);
     }
-    P::values(v_cache + kv * s.num_slots * hd, table, length, bs, hd, scores, group, row, acc);
+    P::values(v_cache + kv * s.num_slots * hd, table, length, bs, hd, scores, group, row, acc,
+              ahead);
     for (int64_t g = 0; g < group; g++) {
         T* oh = out + (kv * group + g) * hd;
         for (int64_t d = 0; d < hd; d++) oh[d] = from_float<T>(acc[g * hd + d]);
     }
 }
 
+// The first pair (row * kv_heads + kv) of each thread's share, [threads + 1]: consecutive pairs
+// whose keys add up to about a thread's part of the whole (a row's pairs weigh its length, plus
+// a little for the per-pair work).
+inline std::vector<int64_t> split_pairs(const int64_t* lengths, int64_t rows, int64_t kv_heads,
+                                        int64_t threads) {
+    constexpr int64_t kPairCost = 16;  // keys' worth of work a pair costs beyond its keys
+    int64_t total = 0;
+    for (int64_t b = 0; b < rows; b++) total += kv_heads * (lengths[b] + kPairCost);
+    std::vector<int64_t> first(static_cast<size_t>(threads + 1), rows * kv_heads);
+    first[0] = 0;
+    int64_t done = 0, t = 1;
+    for (int64_t i = 0; i < rows * kv_heads && t < threads; i++) {
+        done += lengths[i / kv_heads] + kPairCost;
+        while (t < threads && done * threads >= total * t) first[static_cast<size_t>(t++)] = i + 1;
+    }
+    return first;
+}
+
+// Pairs are split between the threads in consecutive runs (split_pairs), so a thread knows the
+// pair it takes next and asks for its keys and values while it works on this one (Ahead): one
+// pair's blocks (2 KB each at 16 x 64 in bf16, anywhere in the cache) are too short a stream
+// for the hardware prefetcher, and without this each pair began with its keys' latency (the
+// dynamic split it replaces balanced the same work without knowing what came next).
 template <typename T, int64_t HD, typename P>
 void paged_decode(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables,
                   const int64_t* lengths, T* out, int64_t rows, const Shape& s, float scale,
                   int64_t threads) {
     const int64_t pairs = rows * s.kv_heads;
+    if (threads > pairs) threads = pairs > 0 ? pairs : 1;
+    const std::vector<int64_t> first = split_pairs(lengths, rows, s.kv_heads, threads);
+    const int64_t hd = HD > 0 ? HD : s.head_dim;
 #pragma omp parallel num_threads(threads)
     {
         std::vector<float> scratch;  // one per thread, grown to the longest context it meets
         P::begin(s.num_heads / s.kv_heads);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t i = 0; i < pairs; i++) {
+        const int64_t t = omp_get_thread_num();
+        const int64_t end = first[static_cast<size_t>(t + 1)];
+        for (int64_t i = first[static_cast<size_t>(t)]; i < end; i++) {
             const int64_t b = i / s.kv_heads, kv = i % s.kv_heads;
+            Ahead<T> ahead;
+            if (i + 1 < end) {
+                const int64_t nb = (i + 1) / s.kv_heads, nkv = (i + 1) % s.kv_heads;
+                ahead = {k_cache + nkv * s.num_slots * hd, v_cache + nkv * s.num_slots * hd,
+                         tables + nb * s.table_stride, lengths[nb]};
+            }
             attend_one<T, HD, P>(q + b * s.q_row_stride, k_cache, v_cache, tables + b * s.table_stride,
-                       lengths[b], out + b * s.num_heads * s.head_dim, s, kv, scale, scratch);
+                       lengths[b], out + b * s.num_heads * s.head_dim, s, kv, scale, scratch,
+                       ahead);
         }
         P::end();
     }

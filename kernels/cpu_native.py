@@ -154,6 +154,14 @@ def load_entries(
     return entries
 
 
+def entry_address(library: Path, name: str) -> int:
+    """The address of `library`'s extern "C" entry `name` (the library loaded once per process:
+    a second CDLL of the same path shares the first's handle)."""
+    address = ctypes.cast(getattr(ctypes.CDLL(str(library)), name), ctypes.c_void_p).value
+    assert address is not None
+    return address
+
+
 class NativeRows:
     """A GatheredKernel: the C kernel where its preconditions hold, `fallback` elsewhere."""
 

@@ -149,3 +149,25 @@ def test_refuses_what_it_cannot_read() -> None:
         kernel(q, k_cache.bfloat16(), v_cache.bfloat16(), tables, lens, 4, 0.25)
     with pytest.raises(ValueError, match="contiguous"):
         kernel(q, k_cache.transpose(0, 1), v_cache, tables, lens, 4, 0.25)
+
+
+@pytest.mark.parametrize("rows", [1, 9])
+def test_every_split_between_threads_gives_the_same_bits(rows: int) -> None:
+    """The threads take consecutive runs of (row, KV head) pairs, balanced by context length,
+    each asking for the next pair's blocks ahead: any thread count (more threads than pairs
+    included) computes each pair once, the same way."""
+    q, k_cache, v_cache, tables, lengths = _case(
+        rows=rows, heads=12, kv_heads=4, head_dim=64, block_size=16, dtype=torch.bfloat16, seed=7
+    )
+    args = (q, k_cache, v_cache, tables, torch.tensor(lengths), 16, 0.125)
+    before = torch.get_num_threads()
+    outs = {}
+    try:
+        for threads in (1, 2, 3, 7, 64):
+            torch.set_num_threads(threads)
+            outs[threads] = native_paged_decode()(*args)
+    finally:
+        torch.set_num_threads(before)
+    assert not outs[1].isnan().any()
+    for threads, out in outs.items():
+        assert torch.equal(out, outs[1]), threads

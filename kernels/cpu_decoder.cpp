@@ -1,0 +1,147 @@
+// A decode step's decoder layers in one call: kernels/cpu_decoder.py builds it and
+// engine/native_decoder.py hands it the model and the step.
+//
+// Why: a decode step of the small model makes ~100 kernel calls (four matmuls, two norms, RoPE
+// with the cache write and attention per layer), and from Python each costs its dispatch, its
+// checks, an output allocation and a ctypes call with a dozen arguments. With 64 rows that was
+// ~15% of a step's wall time on the main thread while the other threads waited for the next
+// kernel (bench/RESULTS.md, session 16). Here the same kernels run in the same order over
+// buffers the caller allocated, so the values are the eager native path's, bit for bit.
+//
+// The kernels are the other libraries' extern "C" entries, reached through the function
+// pointers in `Entries` (the caller reads them from the libraries it already loaded), so each
+// keeps one build and one copy of its code. Per layer, as engine/models/llama.py runs it:
+//
+//     normed   = add_rms_norm(hidden, residual += hidden)      layer 0: norm(residual), no add
+//     qkv      = normed W_qkv^T (+ b)
+//     q, k     = rope(q, k); k, v -> the paged cache at each row's slot
+//     attn     = paged decode attention of q over the row's blocks
+//     hidden   = attn W_o^T (+ b)
+//     normed   = add_rms_norm(hidden, residual += hidden)
+//     act      = round(round(silu(gate)) * up) of normed W_gate_up^T (the fused pass)
+//     hidden   = act W_down^T (+ b)
+//
+// and after the last layer out = add_rms_norm(hidden, residual += hidden) with the final norm.
+
+#include <cstdint>
+
+namespace {
+
+using Matmul = void (*)(const void* x, int64_t rows, int64_t x_stride, int64_t k,
+                        const void* packed, const void* bias, int64_t n, void* y,
+                        int64_t y_stride, int threads);
+using AddRmsNorm = void (*)(const void* x, int64_t x_stride, void* residual,
+                            int64_t residual_stride, int64_t add, const void* weight, void* out,
+                            int64_t out_stride, int64_t rows, int64_t dim, float eps,
+                            int64_t threads);
+using RopeKv = int64_t (*)(void* q, int64_t q_stride, void* k, int64_t k_stride, const void* v,
+                           int64_t v_stride, const float* cos_table, const float* sin_table,
+                           const int64_t* positions, int64_t num_positions, int64_t tokens,
+                           int64_t num_heads, int64_t kv_heads, int64_t head_dim, void* k_cache,
+                           void* v_cache, int64_t num_slots, const int64_t* slots,
+                           int64_t threads);
+using PagedDecode = void (*)(const void* q, int64_t q_row_stride, int64_t q_head_stride,
+                             const void* k_cache, const void* v_cache, int64_t num_slots,
+                             const int64_t* tables, int64_t table_stride,
+                             const int64_t* lengths, void* out, int64_t rows, int64_t num_heads,
+                             int64_t kv_heads, int64_t head_dim, int64_t block_size,
+                             float scale, int64_t threads);
+
+}  // namespace
+
+extern "C" {
+
+// Field order and types mirror kernels/cpu_decoder.py's ctypes structures.
+struct Entries {
+    Matmul matmul;
+    Matmul matmul_silu;
+    AddRmsNorm add_rms_norm;
+    RopeKv rope_kv;
+    PagedDecode paged_decode;
+};
+
+struct Linear {
+    const void* packed;  // the matmul kernel's layout
+    const void* bias;    // [n] or null
+    int64_t n, k;
+};
+
+struct Layer {
+    const void* input_norm;  // [hidden]
+    const void* post_norm;   // [hidden]
+    Linear qkv, o, gate_up, down;  // gate_up: interleaved for the fused SiLU, n = 2 * intermediate
+    void* k_cache;                 // [kv_heads, num_slots, head_dim]
+    void* v_cache;
+};
+
+struct Model {
+    Entries entries;
+    const Layer* layers;
+    int64_t num_layers;
+    const void* final_norm;  // [hidden]
+    const float* cos_table;  // [num_positions, head_dim] float32
+    const float* sin_table;
+    int64_t num_positions;
+    int64_t hidden, num_heads, kv_heads, head_dim, intermediate;
+    int64_t num_slots, block_size;
+    float eps, scale;
+    int64_t element_size;  // bytes per value of the activations (2: bf16, 4: float32)
+};
+
+// One step's rows and buffers, each [rows, width] contiguous in the model's dtype.
+struct Step {
+    int64_t rows;
+    const int64_t* positions;  // [rows]
+    const int64_t* slots;      // [rows]: where each row's K/V goes
+    const int64_t* tables;     // [rows, table_stride]: block tables
+    int64_t table_stride;
+    const int64_t* lengths;  // [rows]: context lengths, this token included
+    void* residual;          // [rows, hidden]: the embeddings in, the residual stream after
+    void* hidden;            // [rows, hidden]
+    void* normed;            // [rows, hidden]
+    void* qkv;               // [rows, q + 2 kv]
+    void* attn;              // [rows, q]
+    void* act;               // [rows, intermediate]
+    void* out;               // [rows, hidden]: the final norm's output
+};
+
+// Runs every layer and the final norm; returns rope_kv's count of rows whose position or slot
+// was out of range, having stopped at that layer (the caller raises).
+int64_t decoder_forward(const Model* m, const Step* s, int64_t threads) {
+    const Entries& e = m->entries;
+    const int64_t rows = s->rows, hidden = m->hidden, hd = m->head_dim;
+    const int64_t q_size = m->num_heads * hd, kv_size = m->kv_heads * hd;
+    const int64_t qkv_width = q_size + 2 * kv_size;
+    char* qkv = static_cast<char*>(s->qkv);
+    int64_t bad = 0;
+    for (int64_t l = 0; l < m->num_layers; l++) {
+        const Layer& layer = m->layers[l];
+        // layer 0 normalises the embeddings themselves (eager adds a zero hidden: exact)
+        e.add_rms_norm(l == 0 ? s->residual : s->hidden, hidden, s->residual, hidden, l > 0,
+                       layer.input_norm, s->normed, hidden, rows, hidden, m->eps, threads);
+        e.matmul(s->normed, rows, hidden, hidden, layer.qkv.packed, layer.qkv.bias,
+                 layer.qkv.n, qkv, qkv_width, int(threads));
+        void* k = qkv + q_size * m->element_size;
+        void* v = qkv + (q_size + kv_size) * m->element_size;
+        bad += e.rope_kv(qkv, qkv_width, k, qkv_width, v, qkv_width, m->cos_table, m->sin_table,
+                         s->positions, m->num_positions, rows, m->num_heads, m->kv_heads, hd,
+                         layer.k_cache, layer.v_cache, m->num_slots, s->slots, threads);
+        if (bad) return bad;  // a row's K/V is missing: attention would read stale values
+        e.paged_decode(qkv, qkv_width, hd, layer.k_cache, layer.v_cache, m->num_slots, s->tables,
+                       s->table_stride, s->lengths, s->attn, rows, m->num_heads, m->kv_heads, hd,
+                       m->block_size, m->scale, threads);
+        e.matmul(s->attn, rows, q_size, q_size, layer.o.packed, layer.o.bias, layer.o.n,
+                 s->hidden, hidden, int(threads));
+        e.add_rms_norm(s->hidden, hidden, s->residual, hidden, 1, layer.post_norm, s->normed,
+                       hidden, rows, hidden, m->eps, threads);
+        e.matmul_silu(s->normed, rows, hidden, hidden, layer.gate_up.packed, layer.gate_up.bias,
+                      layer.gate_up.n, s->act, m->intermediate, int(threads));
+        e.matmul(s->act, rows, m->intermediate, m->intermediate, layer.down.packed,
+                 layer.down.bias, layer.down.n, s->hidden, hidden, int(threads));
+    }
+    e.add_rms_norm(s->hidden, hidden, s->residual, hidden, 1, m->final_norm, s->out, hidden, rows,
+                   hidden, m->eps, threads);
+    return bad;
+}
+
+}  // extern "C"

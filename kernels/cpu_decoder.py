@@ -1,0 +1,249 @@
+"""A decode step's decoder layers in one native call (kernels/cpu_decoder.cpp).
+
+`NativeDecoder` runs what the eager model runs over the native kernels (the matmul kernel of
+kernels/cpu_matmul.py, the fused layer kernels of kernels/cpu_layer.py, decode attention of
+kernels/cpu_attention.py), in the same order over the same values, from C instead of Python:
+the outputs equal the eager native path's bit for bit. The caller describes the model once
+(`DecoderModel`: plain tensors, kept alive here) and each step by its rows' positions, slots,
+block tables and context lengths.
+
+The kernels are reached through their libraries' entry points (one build of each), which the
+decoder reads from the libraries the caller already loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kernels.cpu_native import build, entry_address
+
+SOURCE = Path(__file__).with_name("cpu_decoder.cpp")
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+class _Entries(ctypes.Structure):
+    _fields_ = [(name, _P) for name in ("matmul", "matmul_silu", "add_rms_norm", "rope_kv", "paged_decode")]  # fmt: skip
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("packed", _P), ("bias", _P), ("n", _I), ("k", _I)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", _P),
+        ("post_norm", _P),
+        ("qkv", _Linear),
+        ("o", _Linear),
+        ("gate_up", _Linear),
+        ("down", _Linear),
+        ("k_cache", _P),
+        ("v_cache", _P),
+    ]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        ("entries", _Entries),
+        ("layers", ctypes.POINTER(_Layer)),
+        ("num_layers", _I),
+        ("final_norm", _P),
+        ("cos_table", _P),
+        ("sin_table", _P),
+        ("num_positions", _I),
+        ("hidden", _I),
+        ("num_heads", _I),
+        ("kv_heads", _I),
+        ("head_dim", _I),
+        ("intermediate", _I),
+        ("num_slots", _I),
+        ("block_size", _I),
+        ("eps", _F),
+        ("scale", _F),
+        ("element_size", _I),
+    ]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [
+        ("rows", _I),
+        ("positions", _P),
+        ("slots", _P),
+        ("tables", _P),
+        ("table_stride", _I),
+        ("lengths", _P),
+        ("residual", _P),
+        ("hidden", _P),
+        ("normed", _P),
+        ("qkv", _P),
+        ("attn", _P),
+        ("act", _P),
+        ("out", _P),
+    ]
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A projection in the matmul kernel's layout: y = x W^T + bias, W [n, k]."""
+
+    packed: torch.Tensor
+    bias: torch.Tensor | None
+    n: int
+    k: int
+
+
+@dataclass(frozen=True)
+class DecoderLayer:
+    input_norm: torch.Tensor  # [hidden]
+    post_norm: torch.Tensor  # [hidden]
+    qkv: PackedWeight  # [q | k | v] outputs
+    o: PackedWeight
+    gate_up: PackedWeight  # interleaved for the fused SiLU (kernels.cpu_matmul.interleave_gate_up)
+    down: PackedWeight
+    k_cache: torch.Tensor  # [kv_heads, num_slots, head_dim], contiguous
+    v_cache: torch.Tensor
+
+
+@dataclass(frozen=True)
+class DecoderModel:
+    layers: tuple[DecoderLayer, ...]
+    final_norm: torch.Tensor  # [hidden]
+    cos_table: torch.Tensor  # [num_positions, head_dim] float32, contiguous
+    sin_table: torch.Tensor
+    num_heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    block_size: int
+    eps: float
+    scale: float
+
+
+class NativeDecoder:
+    """One model's decoder layers over the native kernels; `forward` runs a decode step."""
+
+    def __init__(
+        self,
+        library: Path,
+        model: DecoderModel,
+        *,
+        matmul_library: Path,
+        layer_library: Path,
+        attention_library: Path,
+    ):
+        self.model = model  # keeps every tensor the C side points at alive
+        self.dtype = model.final_norm.dtype
+        if self.dtype not in _SUFFIX:
+            raise ValueError(f"the native decoder runs bf16 or float32, not {self.dtype}")
+        suffix = _SUFFIX[self.dtype]
+        entries = _Entries(
+            entry_address(matmul_library, f"matmul_{suffix}"),
+            entry_address(matmul_library, f"matmul_silu_{suffix}"),
+            entry_address(layer_library, f"add_rms_norm_{suffix}"),
+            entry_address(layer_library, f"rope_kv_{suffix}"),
+            entry_address(attention_library, f"paged_decode_{suffix}"),
+        )
+        self._layers = (_Layer * len(model.layers))(*(self._layer(layer) for layer in model.layers))
+        first = model.layers[0]
+        self.hidden = first.input_norm.shape[0]
+        self.qkv_width = first.qkv.n
+        self._model = _Model(
+            entries,
+            self._layers,
+            len(model.layers),
+            model.final_norm.data_ptr(),
+            model.cos_table.data_ptr(),
+            model.sin_table.data_ptr(),
+            model.cos_table.shape[0],
+            self.hidden,
+            model.num_heads,
+            model.kv_heads,
+            model.head_dim,
+            model.intermediate,
+            first.k_cache.shape[1],
+            model.block_size,
+            model.eps,
+            model.scale,
+            torch.tensor([], dtype=self.dtype).element_size(),
+        )
+        lib = ctypes.CDLL(str(library))
+        self._forward = lib.decoder_forward
+        self._forward.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step), _I]
+        self._forward.restype = _I
+
+    @staticmethod
+    def _layer(layer: DecoderLayer) -> _Layer:
+        def linear(w: PackedWeight) -> _Linear:
+            return _Linear(w.packed.data_ptr(), None if w.bias is None else w.bias.data_ptr(), w.n, w.k)  # fmt: skip
+
+        return _Layer(
+            layer.input_norm.data_ptr(),
+            layer.post_norm.data_ptr(),
+            linear(layer.qkv),
+            linear(layer.o),
+            linear(layer.gate_up),
+            linear(layer.down),
+            layer.k_cache.data_ptr(),
+            layer.v_cache.data_ptr(),
+        )
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,  # [rows, hidden]: the rows' token embeddings (overwritten)
+        positions: torch.Tensor,  # [rows] int64
+        slots: torch.Tensor,  # [rows] int64: where each row's K/V goes
+        tables: torch.Tensor,  # [rows, max_blocks] int64 block tables
+        lengths: torch.Tensor,  # [rows] int64 context lengths, this token included
+    ) -> torch.Tensor:  # [rows, hidden]: after the final norm
+        rows = embeddings.shape[0]
+        m = self.model
+        for name, t in (("positions", positions), ("slots", slots), ("lengths", lengths)):
+            if t.dtype is not torch.int64 or not t.is_contiguous() or t.shape != (rows,):
+                raise ValueError(f"{name} must be contiguous int64 [{rows}]")
+        if tables.dtype is not torch.int64 or tables.dim() != 2 or tables.shape[0] != rows:
+            raise ValueError(f"tables must be int64 [{rows}, max_blocks]")
+        if tables.stride(1) != 1:
+            tables = tables.contiguous()
+        if not embeddings.is_contiguous() or embeddings.dtype is not self.dtype:
+            raise ValueError(f"embeddings must be contiguous {self.dtype} [{rows}, {self.hidden}]")
+
+        def buffer(width: int) -> torch.Tensor:
+            return torch.empty(rows, width, dtype=self.dtype)
+
+        hidden, normed, out = buffer(self.hidden), buffer(self.hidden), buffer(self.hidden)
+        qkv, attn = buffer(self.qkv_width), buffer(m.num_heads * m.head_dim)
+        act = buffer(m.intermediate)
+        step = _Step(
+            rows,
+            positions.data_ptr(),
+            slots.data_ptr(),
+            tables.data_ptr(),
+            tables.stride(0),
+            lengths.data_ptr(),
+            embeddings.data_ptr(),
+            hidden.data_ptr(),
+            normed.data_ptr(),
+            qkv.data_ptr(),
+            attn.data_ptr(),
+            act.data_ptr(),
+            out.data_ptr(),
+        )
+        bad = self._forward(ctypes.byref(self._model), ctypes.byref(step), torch.get_num_threads())
+        if bad:
+            raise IndexError(
+                f"native decoder: {bad} rows with a position or cache slot out of range"
+            )
+        return out
+
+
+@functools.cache
+def decoder_library() -> Path:
+    """The decoder's library, built on first call (kernels.cpu_native.NativeBuildError where it
+    cannot be)."""
+    return build(source=SOURCE)

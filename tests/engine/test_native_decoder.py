@@ -1,0 +1,151 @@
+"""A decode step's layers in one native call (engine/native_decoder.py, kernels/cpu_decoder.cpp)
+against the eager layer-by-layer path over the same kernels: the same values bit for bit, every
+step; it runs only where the eager step would have run exactly those kernels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.native_decoder import NativeDecodeStep
+from kernels.cpu_matmul import native_matmul as kernel_of
+from tests.conftest import ModelFactory
+from tests.engine.engine_helpers import (
+    capture_step_logits,
+    random_prompts,
+    request,
+    run_to_completion,
+)
+
+pytestmark = pytest.mark.skipif(
+    not kernel_of().available,
+    reason="this CPU has neither AVX512-BF16 nor AVX2 + FMA: no matmul kernel, no native step",
+)
+# the dtypes the matmul kernel multiplies in on this CPU
+DTYPES = [d for d in (torch.bfloat16, torch.float32) if kernel_of().takes(d)]
+DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+
+def _engine(
+    model_dir: Path, dtype: torch.dtype, native_step: bool, **overrides: object
+) -> LLMEngine:
+    settings: dict[str, object] = {
+        "model": str(model_dir),
+        "dtype": DTYPE_NAMES[dtype],
+        "block_size": 16,
+        "num_kv_blocks": 128,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 512,
+        "native_matmul": "on",
+        "decode_attention": "native",
+        "native_decode_step": native_step,
+        **overrides,
+    }
+    return LLMEngine(EngineConfig(**settings))  # type: ignore[arg-type]
+
+
+def _count_native_steps(engine: LLMEngine) -> list[int]:
+    """[how many steps the native call ran] (0 forever where the engine has none)."""
+    count = [0]
+    step = engine.runner.native_step
+    if step is None:
+        return count
+    forward = step.forward
+
+    def counting(*args: torch.Tensor) -> torch.Tensor:
+        count[0] += 1
+        return forward(*args)
+
+    step.forward = counting  # type: ignore[method-assign]
+    return count
+
+
+def _run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 12):  # type: ignore[no-untyped-def]
+    logits = capture_step_logits(engine)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(request(f"r{i}", prompt, max_tokens=max_tokens + i))
+    return run_to_completion(engine), logits
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: biases on q, k and v
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_native_steps_equal_the_eager_steps_bit_for_bit(
+    model_factory: ModelFactory, family: str, dtype: torch.dtype
+) -> None:
+    model_dir = model_factory(family=family)
+    # lengths across block boundaries; max_tokens differ, so batches shrink as requests end
+    prompts = random_prompts(seed=11, lengths=[5, 16, 17, 40, 3, 33], vocab=2600)
+    results = {}
+    for native in (True, False):
+        engine = _engine(model_dir, dtype, native)
+        assert (engine.runner.native_step is not None) == native
+        steps = _count_native_steps(engine)
+        results[native] = (*_run(engine, prompts), steps[0])
+    (fast, fast_logits, fast_steps), (eager, eager_logits, eager_steps) = results.values()
+    assert eager_steps == 0
+    assert fast_steps >= 12  # every decode-only step: batches of 6 down to 1
+    for i in range(len(prompts)):
+        rid = f"r{i}"
+        assert fast.tokens_of(rid) == eager.tokens_of(rid)
+        assert len(fast_logits[rid]) == len(eager_logits[rid]) == 12 + i
+        for a, b in zip(fast_logits[rid], eager_logits[rid], strict=True):
+            assert torch.equal(a, b)
+
+
+def test_steps_the_native_call_does_not_take_run_eager(tiny_model_dir: Path) -> None:
+    """Prefill steps, and decode steps of more rows than every projection's kernel takes (the
+    limit `native_matmul: auto` may set; here 2), stay on the eager path, with the same tokens."""
+    engine = _engine(tiny_model_dir, torch.bfloat16, True)
+    step = engine.runner.native_step
+    assert isinstance(step, NativeDecodeStep)
+    step.max_rows = 2
+    count = _count_native_steps(engine)
+    prompts = random_prompts(seed=3, lengths=[9, 20, 4], vocab=2600)
+    out, _ = _run(engine, prompts, max_tokens=4)
+    reference, _ = _run(_engine(tiny_model_dir, torch.bfloat16, False), prompts, max_tokens=4)
+    # max_tokens 4, 5, 6: three rows for 3 decode steps, two for 1, one for 1
+    assert count[0] == 2
+    for i in range(3):
+        assert out.tokens_of(f"r{i}") == reference.tokens_of(f"r{i}")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"decode_attention": "matmul"}, "decode attention is 'matmul'"),
+        ({"fused_layer_ops": False}, "fused layer kernels are off"),
+        ({"native_matmul": "off"}, "not in the matmul kernel's layout"),
+        ({"family": "qwen3"}, "normalises queries and keys"),
+    ],
+)
+def test_no_native_step_where_a_part_of_the_step_is_not_native(
+    model_factory: ModelFactory,
+    caplog: pytest.LogCaptureFixture,
+    overrides: dict[str, object],
+    reason: str,
+) -> None:
+    family = str(overrides.pop("family", "llama"))
+    with caplog.at_level("INFO", logger="engine.model_runner"):
+        engine = _engine(model_factory(family=family), torch.bfloat16, True, **overrides)
+    assert engine.runner.native_step is None
+    assert any(reason in record.getMessage() for record in caplog.records)
+
+
+def test_a_position_out_of_range_raises_and_names_it(tiny_model_dir: Path) -> None:
+    engine = _engine(tiny_model_dir, torch.bfloat16, True)
+    step = engine.runner.native_step
+    assert step is not None
+    rows = 2
+    args = (
+        torch.tensor([1, 2]),
+        torch.tensor([0, 10**9]),  # the second row's position is past the rotary table
+        torch.tensor([0, 1]),
+        torch.zeros(rows, 1, dtype=torch.long),
+        torch.tensor([1, 2]),
+    )
+    with pytest.raises(IndexError, match="out of range"):
+        step.forward(*args)
