@@ -26,18 +26,25 @@ constexpr int64_t kDotPrefetch = 16 * 2 * kDotCols;
 
 // Every loop over acc is unrolled so its indices are constants: GCC then keeps acc in
 // registers (with one loop left rolled it stored all 24 to the stack every step, 2.4x slower).
+// `ahead`: `ahead_lines` cache lines from there asked for (to L2) over the tile's steps, spread
+// evenly (the caller's next block, a slice a tile: see cpu_matmul.cpp's block_rows).
 template <int M>
 inline void dot_tile(const uint16_t* x, int64_t x_stride, int64_t k, const uint16_t* w,
-                     float (*sums)[kDotCols]) {
+                     float (*sums)[kDotCols], const char* ahead, int64_t ahead_lines) {
     static_assert(M >= 1 && M <= kDotRows);
     __m512 acc[M][4];
 #pragma GCC unroll 6
     for (int m = 0; m < M; m++)
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) acc[m][j] = _mm512_setzero_ps();
+    // lines asked for a step: ahead_lines over the k / 2 steps, rounded up
+    const int64_t per_step = ahead_lines > 0 ? (ahead_lines + k / 2 - 1) / (k / 2) : 0;
+    const char* const ahead_end = ahead + 64 * ahead_lines;
     for (int64_t p = 0; p < k / 2; p++, w += 2 * kDotCols) {
         _mm_prefetch(reinterpret_cast<const char*>(w + kDotPrefetch), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(w + kDotPrefetch + kDotCols), _MM_HINT_T0);
+        for (int64_t j = 0; j < per_step && ahead < ahead_end; j++, ahead += 64)
+            _mm_prefetch(ahead, _MM_HINT_T1);
         const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w);
         const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + 32);
         const __m512bh w2 = (__m512bh)_mm512_loadu_si512(w + 64);
@@ -62,15 +69,18 @@ inline void dot_tile(const uint16_t* x, int64_t x_stride, int64_t k, const uint1
 // dot_tile for any 1 <= rows <= 6. Never inlined: inlined into a caller whose epilogue needs
 // registers of its own (the fused SiLU's exp), GCC spilled the accumulators in the loop
 // (1.9x slower).
-__attribute__((noinline)) inline void dot_rows(int rows, const uint16_t* x, int64_t x_stride, int64_t k, const uint16_t* w,
-                     float (*sums)[kDotCols]) {
+__attribute__((noinline)) inline void dot_rows(int rows, const uint16_t* x, int64_t x_stride,
+                                               int64_t k, const uint16_t* w,
+                                               float (*sums)[kDotCols],
+                                               const char* ahead = nullptr,
+                                               int64_t ahead_lines = 0) {
     switch (rows) {
-        case 1: return dot_tile<1>(x, x_stride, k, w, sums);
-        case 2: return dot_tile<2>(x, x_stride, k, w, sums);
-        case 3: return dot_tile<3>(x, x_stride, k, w, sums);
-        case 4: return dot_tile<4>(x, x_stride, k, w, sums);
-        case 5: return dot_tile<5>(x, x_stride, k, w, sums);
-        default: return dot_tile<6>(x, x_stride, k, w, sums);
+        case 1: return dot_tile<1>(x, x_stride, k, w, sums, ahead, ahead_lines);
+        case 2: return dot_tile<2>(x, x_stride, k, w, sums, ahead, ahead_lines);
+        case 3: return dot_tile<3>(x, x_stride, k, w, sums, ahead, ahead_lines);
+        case 4: return dot_tile<4>(x, x_stride, k, w, sums, ahead, ahead_lines);
+        case 5: return dot_tile<5>(x, x_stride, k, w, sums, ahead, ahead_lines);
+        default: return dot_tile<6>(x, x_stride, k, w, sums, ahead, ahead_lines);
     }
 }
 

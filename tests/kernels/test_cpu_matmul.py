@@ -85,6 +85,27 @@ def test_rows_are_independent_and_strided_inputs_are_taken() -> None:
 
 
 @needs_bf16_dot
+@pytest.mark.parametrize("rows", [8, 64, 200])
+def test_any_thread_count_gives_the_same_bits(rows: int) -> None:
+    """Each thread takes a run of consecutive work items and asks for the next one's block
+    while it computes this one's later tiles: any split (more threads than blocks included)
+    computes every output once, in the same order."""
+    x, w, b, exact = _case(rows, 1280, 768, bias=True, seed=4)
+    packed = KERNEL.pack(w)
+    before = torch.get_num_threads()
+    outs = {}
+    try:
+        for threads in (1, 2, 3, 7, 64):
+            torch.set_num_threads(threads)
+            outs[threads] = KERNEL(x, packed, 1280, b)
+    finally:
+        torch.set_num_threads(before)
+    _within_a_bf16_step(outs[1], exact)
+    for threads, y in outs.items():
+        assert torch.equal(y, outs[1]), threads
+
+
+@needs_bf16_dot
 @pytest.mark.skipif(KERNEL.tiled(8), reason="this CPU's bf16 path packs column tiles of 16")
 def test_the_packed_layout_pads_outputs_to_blocks_of_64_and_unpacks() -> None:
     w = torch.randn(100, 8).bfloat16()
