@@ -25,6 +25,7 @@ from engine.sequence import Sequence
 from kernels import huge_pages
 from kernels.cpu_layer import native_layer
 from kernels.cpu_native import built_or_none
+from lora.batch import LoRABatch
 from lora.manager import LoRAManager
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ class ModelRunner:
                 block_size=block_size,
                 native_layer=native,
                 decode_backend=self.decode_backend,
+                lora=None if lora is None else lora.layers.context,
             )
             log.info("native decode step: %s", why)
 
@@ -159,7 +161,7 @@ class ModelRunner:
             self.native_step is not None
             and decodes
             and not prefills
-            and not has_lora
+            and (not has_lora or self.native_step.takes_lora)
             and self.native_step.takes(len(decodes))
         ):
             lengths = [item.seq.num_computed_tokens + 1 for item in decodes]
@@ -169,6 +171,7 @@ class ModelRunner:
                 slots,
                 self._decode_tables(decodes),
                 torch.tensor(lengths, dtype=torch.long),
+                self._lora_batch(decodes, len(decodes)) if has_lora else None,
             )  # [num_decodes, hidden]
         else:
             hidden = self._forward_eager(decodes, prefills, has_lora, input_ids, positions, slots)
@@ -244,15 +247,20 @@ class ModelRunner:
     ) -> torch.Tensor:  # [num_tokens, hidden]
         assert self.lora is not None
         context = self.lora.layers.context
-        context.batch = self.lora.batch_for(
-            [adapter_of(item.seq) for item in ordered],
-            [item.num_new_tokens for item in ordered],
-            num_decodes=num_decodes,
-        )
+        context.batch = self._lora_batch(ordered, num_decodes)
         try:
             return self.model(input_ids, positions, self.kv_caches, meta)
         finally:
             context.batch = None
+
+    def _lora_batch(self, ordered: list[ScheduledSeq], num_decodes: int) -> LoRABatch | None:
+        """The step's adapter metadata (rows in `ordered`'s flat order)."""
+        assert self.lora is not None
+        return self.lora.batch_for(
+            [adapter_of(item.seq) for item in ordered],
+            [item.num_new_tokens for item in ordered],
+            num_decodes=num_decodes,
+        )
 
     def _prompt_rows(
         self, item: ScheduledSeq, start: int, hidden: torch.Tensor

@@ -22,25 +22,40 @@ from engine.models.llama import LlamaForCausalLM
 from engine.packed_linear import PackedLinear
 from kernels.cpu_attention import native_paged_decode
 from kernels.cpu_decoder import (
+    MAX_FUSED,
     DecoderLayer,
     DecoderModel,
+    LoraStacks,
+    LoraStep,
     NativeDecoder,
     PackedWeight,
     decoder_library,
 )
 from kernels.cpu_layer import NativeLayer
-from kernels.cpu_native import NativeBuildError
+from kernels.cpu_native import MAX_FUSED_RANK, NativeBuildError, NativeRows
+from lora.batch import LoRABatch
+from lora.layers import LoRALinear, LoRAStepContext
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class NativeDecodeStep:
-    """The decoder and the largest step (rows) every projection's kernel takes."""
+    """The decoder, the largest step (rows) every projection's kernel takes, and each layer's
+    adapter wrappers (qkv, o, gate_up, down; None where the model has none) where adapter steps
+    run here too (`takes_lora`)."""
 
-    def __init__(self, decoder: NativeDecoder, max_rows: int, embed: nn.Embedding):
+    def __init__(
+        self,
+        decoder: NativeDecoder,
+        max_rows: int,
+        embed: nn.Embedding,
+        wrappers: list[tuple[LoRALinear | None, ...]] | None = None,
+    ):
         self.decoder = decoder
         self.max_rows = max_rows
         self.embed = embed
+        self.wrappers = wrappers
+        self.takes_lora = wrappers is not None and decoder.takes_lora
 
     def takes(self, rows: int) -> bool:
         return 0 < rows <= self.max_rows
@@ -52,9 +67,33 @@ class NativeDecodeStep:
         slots: torch.Tensor,  # [rows] int64
         tables: torch.Tensor,  # [rows, max_blocks] int64
         lengths: torch.Tensor,  # [rows] int64, this token included
+        lora: LoRABatch | None = None,
     ) -> torch.Tensor:  # [rows, hidden] after the final norm, as the eager model returns it
         embeddings = self.embed(input_ids).contiguous()
-        return self.decoder.forward(embeddings, positions, slots, tables, lengths)
+        step = None if lora is None else self._lora_step(lora, input_ids.shape[0])
+        return self.decoder.forward(embeddings, positions, slots, tables, lengths, step)
+
+    def _lora_step(self, batch: LoRABatch, rows: int) -> LoraStep:
+        """The batch as the decoder takes it; a projection adds deltas where the eager
+        LoRALinear would (some row's adapter targets it)."""
+        if not self.takes_lora or self.wrappers is None:
+            raise ValueError("this native step was built without adapter steps")
+        (part,) = batch.parts  # on the CPU one part covers the whole batch (lora/batch.py)
+        if part.rows != slice(0, rows):
+            raise ValueError(f"the adapter part covers rows {part.rows}, not the step's {rows}")
+        meta = part.metas[0]
+        assert meta.cpu is not None
+        active = meta.active_slots
+        on = [
+            [w is not None and any(w.targets[s] for s in active) for w in layer]
+            for layer in self.wrappers
+        ]
+        return LoraStep(
+            segments=meta.cpu.segments,
+            slot_ranks=tuple(m.slot_ranks for m in part.metas),
+            rank=meta.max_rank,
+            on=torch.tensor(on, dtype=torch.uint8),
+        )
 
 
 def build_native_decode_step(
@@ -64,14 +103,18 @@ def build_native_decode_step(
     block_size: int,
     native_layer: NativeLayer | None,
     decode_backend: str,
+    lora: LoRAStepContext | None = None,
 ) -> tuple[NativeDecodeStep | None, str]:
-    """The native step for this model as it is now set up, or None and why not."""
+    """The native step for this model as it is now set up, or None and why not. `lora`: the
+    adapter wrappers' shared context, where the model has them: adapter steps run here too
+    where the eager step would add their deltas by the runs kernel."""
     reason = _unsupported(model, native_layer, decode_backend)
     if reason is not None:
         return None, reason
     assert native_layer is not None
     c = model.config
     layers = []
+    wrappers: list[tuple[LoRALinear | None, ...]] = []
     max_rows = torch.iinfo(torch.int64).max
     model_layers = cast(list[ModelLayer], list(model.layers))
     for layer, (k_cache, v_cache) in zip(model_layers, kv_caches, strict=True):
@@ -95,7 +138,13 @@ def build_native_decode_step(
             layer.input_layernorm.weight.detach(),
             layer.post_attention_layernorm.weight.detach(),
         )
-        layers.append(DecoderLayer(*norms, qkv, o, gate_up_weight, down, k_cache, v_cache))
+        projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        stacks = tuple(_stacks(proj) for proj in projections)
+        wrappers.append(tuple(p if isinstance(p, LoRALinear) else None for p in projections))
+        layers.append(
+            DecoderLayer(*norms, qkv, o, gate_up_weight, down, k_cache, v_cache, lora=stacks)
+        )
+    runs, why = _lora_runs(lora, model.norm.weight.dtype, layers)
     try:
         library = decoder_library()
     except NativeBuildError as exc:
@@ -120,8 +169,10 @@ def build_native_decode_step(
         matmul_library=kernel.native[0].library,
         layer_library=native_layer.library,
         attention_library=native_paged_decode().library,
+        rows_library=None if runs is None else runs.library,
     )
-    return NativeDecodeStep(decoder, max_rows, model.embed_tokens), "on"
+    step = NativeDecodeStep(decoder, max_rows, model.embed_tokens, wrappers if runs else None)
+    return step, "on" if step.takes_lora or lora is None else f"on, adapter steps eager ({why})"
 
 
 def _unsupported(
@@ -146,3 +197,34 @@ def _packed(proj: nn.Module) -> PackedLinear | None:
     """The PackedLinear under a projection (an adapter wrapper keeps it as `base`)."""
     base = getattr(proj, "base", proj)
     return base if isinstance(base, PackedLinear) else None
+
+
+def _stacks(proj: nn.Module) -> LoraStacks | None:
+    if not isinstance(proj, LoRALinear):
+        return None
+    subs = torch.tensor(proj.sub_outputs, dtype=torch.int64).reshape(-1)
+    return LoraStacks(proj.lora_a, proj.lora_b.transpose(1, 2), subs)
+
+
+def _lora_runs(
+    lora: LoRAStepContext | None, dtype: torch.dtype, layers: list[DecoderLayer]
+) -> tuple[NativeRows | None, str]:
+    """The runs kernel where every adapter step's deltas would go through it eager too
+    (lora_add_cpu's run_segments: bf16 on AVX512-BF16, the C kernel, plain stacks), else None
+    and why."""
+    if lora is None:
+        return None, "no adapters"
+    kernel = lora.cpu_gathered
+    if not isinstance(kernel, NativeRows) or not kernel.runs_bf16 or dtype is not torch.bfloat16:
+        return None, "the adapters' deltas are not computed by the bf16 runs kernel"
+    for layer in layers:
+        for stacks in layer.lora:
+            if stacks is None:
+                continue
+            if (
+                stacks.subs.numel() // 2 > MAX_FUSED
+                or stacks.a.shape[1] > MAX_FUSED_RANK
+                or not (stacks.a.is_contiguous() and stacks.b_rows.is_contiguous())
+            ):
+                return None, "an adapter stack the runs kernel does not take"
+    return kernel, "on"

@@ -22,8 +22,13 @@
 //     hidden   = act W_down^T (+ b)
 //
 // and after the last layer out = add_rms_norm(hidden, residual += hidden) with the final norm.
+// In an adapter step each projection then adds its rows' deltas by the LoRA runs kernel
+// (kernels/cpu_lora_runs.h, as lora_add_cpu does eager) where some row's adapter targets it;
+// the gate/up projection's before its SiLU, so there the matmul, its outputs put back in
+// [gate | up] order, the delta and silu_mul run as four steps, as the eager path runs them.
 
 #include <cstdint>
+#include <cstring>
 
 namespace {
 
@@ -47,6 +52,16 @@ using PagedDecode = void (*)(const void* q, int64_t q_row_stride, int64_t q_head
                              int64_t kv_heads, int64_t head_dim, int64_t block_size,
                              float scale, int64_t threads);
 
+using SiluMul = void (*)(const void* gate_up, int64_t stride, void* out, int64_t out_stride,
+                         int64_t rows, int64_t width, int64_t threads);
+using LoraRuns = void (*)(const void* x, int64_t x_stride, void* out, int64_t out_stride,
+                          const int64_t* segs, int64_t num_segs, const void* lora_a,
+                          int64_t in_features, const void* lora_b, int64_t out_features,
+                          const int32_t* slot_ranks, const int64_t* subs, int64_t n, int64_t rank,
+                          int64_t threads);
+
+constexpr int64_t kGateUpGroup = 32;  // kernels/cpu_matmul.py's GATE_UP_GROUP
+
 }  // namespace
 
 extern "C" {
@@ -58,6 +73,19 @@ struct Entries {
     AddRmsNorm add_rms_norm;
     RopeKv rope_kv;
     PagedDecode paged_decode;
+    SiluMul silu_mul;
+    LoraRuns lora_runs;  // null: no adapter step runs here
+};
+
+// One projection's adapter slot stacks (lora/layers.py): a [slots, n * rank, in_features],
+// b_rows [slots, n * rank, out_features], the n sub-projections' (offset, width) in `subs`.
+struct Lora {
+    const void* a;  // null: the projection has no adapter wrapper
+    int64_t in_features;
+    const void* b_rows;
+    int64_t out_features;
+    const int64_t* subs;
+    int64_t n;
 };
 
 struct Linear {
@@ -72,6 +100,7 @@ struct Layer {
     Linear qkv, o, gate_up, down;  // gate_up: interleaved for the fused SiLU, n = 2 * intermediate
     void* k_cache;                 // [kv_heads, num_slots, head_dim]
     void* v_cache;
+    Lora lora[4];  // qkv, o, gate_up, down
 };
 
 struct Model {
@@ -103,7 +132,48 @@ struct Step {
     void* attn;              // [rows, q]
     void* act;               // [rows, intermediate]
     void* out;               // [rows, hidden]: the final norm's output
+    // An adapter step (lora_on null: none): the rows' runs of one slot, (start, end, slot)
+    // each; each slot's rank times n for stacks of n sub-projections (slot_ranks[n - 1]); the
+    // stacks' rank; which projections of which layer some row's adapter targets
+    // ([layers][4]); the gate/up projection's outputs where it adds a delta before its SiLU.
+    const int64_t* segments;
+    int64_t num_segments;
+    const int32_t* slot_ranks[3];
+    int64_t rank;
+    const uint8_t* lora_on;
+    void* gate_up_mixed;  // [rows, 2 intermediate]: the interleaved matmul output
+    void* gate_up;        // [rows, 2 intermediate]: [gate | up], the delta added
 };
+
+namespace {
+
+// out += the adapters' delta of projection `p` of layer `l` for x's rows, where some row's
+// adapter targets it (the eager path's LoRALinear, through lora_add_cpu's tiled runs).
+bool add_lora(const Model& m, const Step& s, const Layer& layer, int64_t l, int p, const void* x,
+              int64_t x_stride, void* out, int64_t out_stride, int64_t threads) {
+    const Lora& lora = layer.lora[p];
+    if (s.lora_on == nullptr || lora.a == nullptr || !s.lora_on[4 * l + p]) return false;
+    m.entries.lora_runs(x, x_stride, out, out_stride, s.segments, s.num_segments, lora.a,
+                        lora.in_features, lora.b_rows, lora.out_features,
+                        s.slot_ranks[lora.n - 1], lora.subs, lora.n, s.rank, threads);
+    return true;
+}
+
+// [rows, 2 width] outputs of the interleaved gate/up weight (gate 0..31, up 0..31, gate
+// 32..63, ...) back in [gate | up] order (kernels/cpu_matmul.py's deinterleave_outputs).
+void deinterleave(const char* mixed, char* out, int64_t rows, int64_t width, int64_t size) {
+    const int64_t group = kGateUpGroup * size;
+    for (int64_t r = 0; r < rows; r++) {
+        const char* in = mixed + r * 2 * width * size;
+        char* row = out + r * 2 * width * size;
+        for (int64_t g = 0; g < width / kGateUpGroup; g++) {
+            std::memcpy(row + g * group, in + 2 * g * group, group);
+            std::memcpy(row + width * size + g * group, in + (2 * g + 1) * group, group);
+        }
+    }
+}
+
+}  // namespace
 
 // Runs every layer and the final norm; returns rope_kv's count of rows whose position or slot
 // was out of range, having stopped at that layer (the caller raises).
@@ -121,6 +191,7 @@ int64_t decoder_forward(const Model* m, const Step* s, int64_t threads) {
                        layer.input_norm, s->normed, hidden, rows, hidden, m->eps, threads);
         e.matmul(s->normed, rows, hidden, hidden, layer.qkv.packed, layer.qkv.bias,
                  layer.qkv.n, qkv, qkv_width, int(threads));
+        add_lora(*m, *s, layer, l, 0, s->normed, hidden, qkv, qkv_width, threads);
         void* k = qkv + q_size * m->element_size;
         void* v = qkv + (q_size + kv_size) * m->element_size;
         bad += e.rope_kv(qkv, qkv_width, k, qkv_width, v, qkv_width, m->cos_table, m->sin_table,
@@ -132,12 +203,26 @@ int64_t decoder_forward(const Model* m, const Step* s, int64_t threads) {
                        m->block_size, m->scale, threads);
         e.matmul(s->attn, rows, q_size, q_size, layer.o.packed, layer.o.bias, layer.o.n,
                  s->hidden, hidden, int(threads));
+        add_lora(*m, *s, layer, l, 1, s->attn, q_size, s->hidden, hidden, threads);
         e.add_rms_norm(s->hidden, hidden, s->residual, hidden, 1, layer.post_norm, s->normed,
                        hidden, rows, hidden, m->eps, threads);
-        e.matmul_silu(s->normed, rows, hidden, hidden, layer.gate_up.packed, layer.gate_up.bias,
-                      layer.gate_up.n, s->act, m->intermediate, int(threads));
-        e.matmul(s->act, rows, m->intermediate, m->intermediate, layer.down.packed,
-                 layer.down.bias, layer.down.n, s->hidden, hidden, int(threads));
+        const int64_t inter = m->intermediate;
+        if (s->lora_on != nullptr && layer.lora[2].a != nullptr && s->lora_on[4 * l + 2]) {
+            // a delta comes before the SiLU: the matmul, its outputs in order, the delta, then
+            // silu_mul (what the fused pass computes, in two steps)
+            e.matmul(s->normed, rows, hidden, hidden, layer.gate_up.packed, layer.gate_up.bias,
+                     layer.gate_up.n, s->gate_up_mixed, 2 * inter, int(threads));
+            deinterleave(static_cast<const char*>(s->gate_up_mixed),
+                         static_cast<char*>(s->gate_up), rows, inter, m->element_size);
+            add_lora(*m, *s, layer, l, 2, s->normed, hidden, s->gate_up, 2 * inter, threads);
+            e.silu_mul(s->gate_up, 2 * inter, s->act, inter, rows, inter, threads);
+        } else {
+            e.matmul_silu(s->normed, rows, hidden, hidden, layer.gate_up.packed,
+                          layer.gate_up.bias, layer.gate_up.n, s->act, inter, int(threads));
+        }
+        e.matmul(s->act, rows, inter, inter, layer.down.packed, layer.down.bias, layer.down.n,
+                 s->hidden, hidden, int(threads));
+        add_lora(*m, *s, layer, l, 3, s->act, inter, s->hidden, hidden, threads);
     }
     e.add_rms_norm(s->hidden, hidden, s->residual, hidden, 1, m->final_norm, s->out, hidden, rows,
                    hidden, m->eps, threads);

@@ -28,7 +28,24 @@ _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
 class _Entries(ctypes.Structure):
-    _fields_ = [(name, _P) for name in ("matmul", "matmul_silu", "add_rms_norm", "rope_kv", "paged_decode")]  # fmt: skip
+    _fields_ = [
+        (name, _P)
+        for name in (
+            "matmul", "matmul_silu", "add_rms_norm", "rope_kv", "paged_decode", "silu_mul",
+            "lora_runs",
+        )
+    ]  # fmt: skip
+
+
+class _Lora(ctypes.Structure):
+    _fields_ = [
+        ("a", _P),
+        ("in_features", _I),
+        ("b_rows", _P),
+        ("out_features", _I),
+        ("subs", _P),
+        ("n", _I),
+    ]
 
 
 class _Linear(ctypes.Structure):
@@ -45,6 +62,7 @@ class _Layer(ctypes.Structure):
         ("down", _Linear),
         ("k_cache", _P),
         ("v_cache", _P),
+        ("lora", _Lora * 4),
     ]
 
 
@@ -85,7 +103,18 @@ class _Step(ctypes.Structure):
         ("attn", _P),
         ("act", _P),
         ("out", _P),
+        ("segments", _P),
+        ("num_segments", _I),
+        ("slot_ranks", _P * 3),
+        ("rank", _I),
+        ("lora_on", _P),
+        ("gate_up_mixed", _P),
+        ("gate_up", _P),
     ]
+
+
+# The most sub-projections one adapter wrapper fuses (q, k, v): Step.slot_ranks' length.
+MAX_FUSED = 3
 
 
 @dataclass(frozen=True)
@@ -99,6 +128,27 @@ class PackedWeight:
 
 
 @dataclass(frozen=True)
+class LoraStacks:
+    """One projection's adapter slot stacks, as lora/layers.py keeps them on the CPU."""
+
+    a: torch.Tensor  # [slots, n * rank, in_features], contiguous
+    b_rows: torch.Tensor  # [slots, n * rank, out_features], contiguous
+    subs: torch.Tensor  # [2 n] int64: each sub-projection's (offset, width) in the output
+
+
+@dataclass(frozen=True)
+class LoraStep:
+    """A step's adapters (kernels/cpu_native.py's runs kernel takes them as lora_add_cpu
+    does): runs of rows of one slot, each slot's rank scaled per fused count, the stacks'
+    rank, and which projections of which layer some row's adapter targets."""
+
+    segments: torch.Tensor  # [K, 3] int64 (start, end, slot)
+    slot_ranks: tuple[torch.Tensor, ...]  # [n - 1]: [slots] int32, rank times n
+    rank: int
+    on: torch.Tensor  # [layers, 4] uint8: qkv, o, gate_up, down
+
+
+@dataclass(frozen=True)
 class DecoderLayer:
     input_norm: torch.Tensor  # [hidden]
     post_norm: torch.Tensor  # [hidden]
@@ -108,6 +158,8 @@ class DecoderLayer:
     down: PackedWeight
     k_cache: torch.Tensor  # [kv_heads, num_slots, head_dim], contiguous
     v_cache: torch.Tensor
+    # qkv, o, gate_up, down: each projection's adapter stacks, or None (no wrapper)
+    lora: tuple[LoraStacks | None, ...] = (None, None, None, None)
 
 
 @dataclass(frozen=True)
@@ -136,7 +188,10 @@ class NativeDecoder:
         matmul_library: Path,
         layer_library: Path,
         attention_library: Path,
+        rows_library: Path | None = None,
     ):
+        """`rows_library`: the LoRA runs kernel's (kernels/cpu_native.py), for adapter steps;
+        None: `forward` takes none."""
         self.model = model  # keeps every tensor the C side points at alive
         self.dtype = model.final_norm.dtype
         if self.dtype not in _SUFFIX:
@@ -148,7 +203,10 @@ class NativeDecoder:
             entry_address(layer_library, f"add_rms_norm_{suffix}"),
             entry_address(layer_library, f"rope_kv_{suffix}"),
             entry_address(attention_library, f"paged_decode_{suffix}"),
+            entry_address(layer_library, f"silu_mul_{suffix}"),
+            None if rows_library is None else entry_address(rows_library, "lora_runs_bf16"),
         )
+        self.takes_lora = rows_library is not None
         self._layers = (_Layer * len(model.layers))(*(self._layer(layer) for layer in model.layers))
         first = model.layers[0]
         self.hidden = first.input_norm.shape[0]
@@ -182,6 +240,18 @@ class NativeDecoder:
         def linear(w: PackedWeight) -> _Linear:
             return _Linear(w.packed.data_ptr(), None if w.bias is None else w.bias.data_ptr(), w.n, w.k)  # fmt: skip
 
+        def lora(stacks: LoraStacks | None) -> _Lora:
+            if stacks is None:
+                return _Lora()
+            return _Lora(
+                stacks.a.data_ptr(),
+                stacks.a.shape[2],
+                stacks.b_rows.data_ptr(),
+                stacks.b_rows.shape[2],
+                stacks.subs.data_ptr(),
+                stacks.subs.numel() // 2,
+            )
+
         return _Layer(
             layer.input_norm.data_ptr(),
             layer.post_norm.data_ptr(),
@@ -191,6 +261,7 @@ class NativeDecoder:
             linear(layer.down),
             layer.k_cache.data_ptr(),
             layer.v_cache.data_ptr(),
+            (_Lora * 4)(*(lora(stacks) for stacks in layer.lora)),
         )
 
     def forward(
@@ -200,8 +271,11 @@ class NativeDecoder:
         slots: torch.Tensor,  # [rows] int64: where each row's K/V goes
         tables: torch.Tensor,  # [rows, max_blocks] int64 block tables
         lengths: torch.Tensor,  # [rows] int64 context lengths, this token included
+        lora: LoraStep | None = None,
     ) -> torch.Tensor:  # [rows, hidden]: after the final norm
         rows = embeddings.shape[0]
+        if lora is not None and not self.takes_lora:
+            raise ValueError("this decoder was built without the LoRA runs kernel")
         m = self.model
         for name, t in (("positions", positions), ("slots", slots), ("lengths", lengths)):
             if t.dtype is not torch.int64 or not t.is_contiguous() or t.shape != (rows,):
@@ -234,6 +308,17 @@ class NativeDecoder:
             act.data_ptr(),
             out.data_ptr(),
         )
+        if lora is not None:
+            if lora.on.shape != (len(m.layers), 4) or lora.on.dtype is not torch.uint8:
+                raise ValueError(f"lora.on must be uint8 [{len(m.layers)}, 4]")
+            mixed, gate_up = buffer(2 * m.intermediate), buffer(2 * m.intermediate)
+            ranks = [r.data_ptr() for r in lora.slot_ranks[:MAX_FUSED]]
+            step.segments = lora.segments.data_ptr()
+            step.num_segments = lora.segments.shape[0]
+            step.slot_ranks = (_P * MAX_FUSED)(*ranks, *[None] * (MAX_FUSED - len(ranks)))
+            step.rank = lora.rank
+            step.lora_on = lora.on.data_ptr()
+            step.gate_up_mixed, step.gate_up = mixed.data_ptr(), gate_up.data_ptr()
         bad = self._forward(ctypes.byref(self._model), ctypes.byref(step), torch.get_num_threads())
         if bad:
             raise IndexError(

@@ -4,6 +4,7 @@ step; it runs only where the eager step would have run exactly those kernels."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.native_decoder import NativeDecodeStep
 from kernels.cpu_matmul import native_matmul as kernel_of
+from kernels.cpu_native import native_rows
 from tests.conftest import ModelFactory
 from tests.engine.engine_helpers import (
     capture_step_logits,
@@ -20,6 +22,7 @@ from tests.engine.engine_helpers import (
     request,
     run_to_completion,
 )
+from tests.lora.peft_builders import AdapterSpec, make_peft_adapter
 
 pytestmark = pytest.mark.skipif(
     not kernel_of().available,
@@ -149,3 +152,51 @@ def test_a_position_out_of_range_raises_and_names_it(tiny_model_dir: Path) -> No
     )
     with pytest.raises(IndexError, match="out of range"):
         step.forward(*args)
+
+
+LORA_SPECS = [
+    AdapterSpec("r16", r=16, alpha=8, seed=2),
+    AdapterSpec("qv", r=16, alpha=32, targets=["q_proj", "v_proj"], seed=6, b_std=0.04),
+    AdapterSpec("mlp", r=8, alpha=8, targets=r".*\.mlp\.(gate|up)_proj", seed=7),
+    AdapterSpec("partial", r=32, alpha=16, targets=["k_proj", "o_proj", "down_proj"], seed=8),
+]
+
+
+@pytest.mark.skipif(
+    not native_rows().runs_bf16,
+    reason="this CPU has no AVX512-BF16: adapter deltas are not computed by the runs kernel, "
+    "so adapter steps stay eager",
+)
+def test_adapter_steps_equal_the_eager_steps_bit_for_bit(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Decode steps whose rows use adapters (each projection's delta by the runs kernel where
+    some row's adapter targets it; gate/up's before its SiLU, in two steps) and rows of the
+    base model beside them: the same logits as the eager step, every step."""
+    adapters = {s.name: make_peft_adapter(tiny_model_dir, tmp_path / s.name, s) for s in LORA_SPECS}
+    names: list[str | None] = [None, *adapters]
+    prompts = random_prompts(seed=21, lengths=[6, 19, 33, 2, 25, 40, 11, 16], vocab=2600)
+    results = {}
+    for native in (True, False):
+        engine = _engine(
+            tiny_model_dir, torch.bfloat16, native, max_lora_rank=32, max_loras=4, max_cpu_loras=4
+        )
+        assert engine.lora is not None
+        for name, path in adapters.items():
+            engine.lora.add(name, str(path))
+        step = engine.runner.native_step
+        assert (step is not None and step.takes_lora) == native
+        steps = _count_native_steps(engine)
+        logits = capture_step_logits(engine)
+        for i, prompt in enumerate(prompts):
+            base = request(f"r{i}", prompt, max_tokens=8 + i)
+            engine.add_request(dataclasses.replace(base, adapter_name=names[i % len(names)]))
+        results[native] = (run_to_completion(engine), logits, steps[0])
+    (fast, fast_logits, fast_steps), (eager, eager_logits, eager_steps) = results.values()
+    assert eager_steps == 0 and fast_steps >= 8
+    for i in range(len(prompts)):
+        rid = f"r{i}"
+        assert fast.tokens_of(rid) == eager.tokens_of(rid)
+        assert len(fast_logits[rid]) == 8 + i
+        for a, b in zip(fast_logits[rid], eager_logits[rid], strict=True):
+            assert torch.equal(a, b)
