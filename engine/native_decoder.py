@@ -1,13 +1,14 @@
-"""Decode-only steps of the base model in one native call (kernels/cpu_decoder.py), where every
-part of the eager step already runs native.
+"""Decode-only steps in one native call (kernels/cpu_decoder.py), where every part of the eager
+step already runs native.
 
 The eager model (engine/models/llama.py) stays the reference and runs every other step. A step
 goes native only where the eager step would have run exactly these kernels: the fused layer
 ops on, decode attention "native", every projection in the matmul kernel's layout for the
 step's rows (engine/native_matmul.py decides that at start-up) with the gate/up projection
-fused with its SiLU, no query/key norm (Qwen3's), and no adapter in the batch (the caller
-checks that). Then the values equal the eager step's bit for bit (tests/engine/
-test_native_decoder.py); what changes is ~100 Python-side kernel calls a step become one.
+fused with its SiLU, no query/key norm (Qwen3's), and, for a step with adapters, their deltas
+computed by the LoRA runs kernel (bf16 on AVX512-BF16: what lora_add_cpu runs eager there).
+Then the values equal the eager step's bit for bit (tests/engine/test_native_decoder.py); what
+changes is ~100 Python-side kernel calls a step become one.
 """
 
 from __future__ import annotations
@@ -119,8 +120,9 @@ def build_native_decode_step(
     model_layers = cast(list[ModelLayer], list(model.layers))
     for layer, (k_cache, v_cache) in zip(model_layers, kv_caches, strict=True):
         attn, mlp = layer.self_attn, layer.mlp
+        projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         weights = []
-        for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+        for proj in projections:
             packed = _packed(proj)
             if packed is None or packed.native is None:
                 return None, "a projection is not in the matmul kernel's layout"
@@ -138,7 +140,6 @@ def build_native_decode_step(
             layer.input_layernorm.weight.detach(),
             layer.post_attention_layernorm.weight.detach(),
         )
-        projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         stacks = tuple(_stacks(proj) for proj in projections)
         wrappers.append(tuple(p if isinstance(p, LoRALinear) else None for p in projections))
         layers.append(
