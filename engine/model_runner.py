@@ -148,34 +148,39 @@ class ModelRunner:
             prefills.sort(key=self._adapter_slot)
         ordered = decodes + prefills
         input_ids, positions, slots = self._flatten(ordered)
-        if self.compiled is not None and decodes and not prefills and not has_lora:
-            lengths = [item.seq.num_computed_tokens + 1 for item in decodes]
-            hidden = self.compiled.forward(
-                input_ids,
-                positions,
-                slots,
-                self._decode_tables(decodes),
-                torch.tensor(lengths, dtype=torch.long, device=self.device),
-            )  # [num_decodes, hidden]
-        elif (
-            self.native_step is not None
-            and decodes
-            and not prefills
-            and (not has_lora or self.native_step.takes_lora)
-            and self.native_step.takes(len(decodes))
-        ):
-            lengths = [item.seq.num_computed_tokens + 1 for item in decodes]
-            hidden = self.native_step.forward(
-                input_ids,
-                positions,
-                slots,
-                self._decode_tables(decodes),
-                torch.tensor(lengths, dtype=torch.long),
-                self._lora_batch(decodes, len(decodes)) if has_lora else None,
-            )  # [num_decodes, hidden]
-        else:
+        hidden = None
+        if decodes and not prefills:
+            hidden = self._decode_only(decodes, has_lora, input_ids, positions, slots)
+        if hidden is None:
             hidden = self._forward_eager(decodes, prefills, has_lora, input_ids, positions, slots)
         return self._logits(ordered, hidden)
+
+    def _decode_only(
+        self,
+        decodes: list[ScheduledSeq],
+        has_lora: bool,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> torch.Tensor | None:  # [num_decodes, hidden], or None: the eager path takes the step
+        """A decode-only step by the compiled forward (the base model) or the native call
+        (engine/native_decoder.py), where one of them takes it."""
+        compiled = self.compiled is not None and not has_lora
+        step = self.native_step
+        native = step is not None and (not has_lora or step.takes_lora) and step.takes(len(decodes))
+        if not (compiled or native):
+            return None
+        tables = self._decode_tables(decodes)
+        lengths = torch.tensor(
+            [item.seq.num_computed_tokens + 1 for item in decodes],
+            dtype=torch.long,
+            device=self.device,
+        )
+        if self.compiled is not None and compiled:
+            return self.compiled.forward(input_ids, positions, slots, tables, lengths)
+        assert step is not None
+        lora = self._lora_batch(decodes, len(decodes)) if has_lora else None
+        return step.forward(input_ids, positions, slots, tables, lengths, lora)
 
     def _forward_eager(
         self,
