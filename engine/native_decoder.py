@@ -33,6 +33,7 @@ from kernels.cpu_decoder import (
     decoder_library,
 )
 from kernels.cpu_layer import NativeLayer
+from kernels.cpu_matmul import NativeMatmul
 from kernels.cpu_native import MAX_FUSED_RANK, NativeBuildError, NativeRows
 from lora.batch import LoRABatch
 from lora.layers import LoRALinear, LoRAStepContext
@@ -117,23 +118,24 @@ def build_native_decode_step(
     layers = []
     wrappers: list[tuple[LoRALinear | None, ...]] = []
     max_rows = torch.iinfo(torch.int64).max
+    kernel: NativeMatmul | None = None  # the matmul kernel every projection is laid out for
     model_layers = cast(list[ModelLayer], list(model.layers))
     for layer, (k_cache, v_cache) in zip(model_layers, kv_caches, strict=True):
         attn, mlp = layer.self_attn, layer.mlp
         projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        packed = [_packed(proj) for proj in projections]
         weights = []
-        for proj in projections:
-            packed = _packed(proj)
-            if packed is None or packed.native is None:
+        for linear in packed:
+            if linear is None or linear.native is None:
                 return None, "a projection is not in the matmul kernel's layout"
-            max_rows = min(max_rows, packed.native_rows)
+            max_rows = min(max_rows, linear.native_rows)
             weights.append(
                 PackedWeight(
-                    packed.native[1], packed.native_bias, packed.out_features, packed.in_features
+                    linear.native[1], linear.native_bias, linear.out_features, linear.in_features
                 )
             )
-        gate_up = _packed(mlp.gate_up_proj)
-        if gate_up is None or gate_up.gate_up_width is None:
+            kernel = linear.native[0]
+        if cast(PackedLinear, packed[2]).gate_up_width is None:  # each checked just above
             return None, "the gate/up projection is not fused with its SiLU"
         qkv, o, gate_up_weight, down = weights
         norms = (
@@ -145,13 +147,12 @@ def build_native_decode_step(
         layers.append(
             DecoderLayer(*norms, qkv, o, gate_up_weight, down, k_cache, v_cache, lora=stacks)
         )
+    assert kernel is not None  # the model has layers, each with projections
     runs, why = _lora_runs(lora, model.norm.weight.dtype, layers)
     try:
         library = decoder_library()
     except NativeBuildError as exc:
         return None, f"the decoder library did not build ({exc})"
-    kernel = _packed(model_layers[0].mlp.down_proj)
-    assert kernel is not None and kernel.native is not None
     decoder = NativeDecoder(
         library,
         DecoderModel(
@@ -167,7 +168,7 @@ def build_native_decode_step(
             eps=c.rms_norm_eps,
             scale=model_layers[0].self_attn.scale,
         ),
-        matmul_library=kernel.native[0].library,
+        matmul_library=kernel.library,
         layer_library=native_layer.library,
         attention_library=native_paged_decode().library,
         rows_library=None if runs is None else runs.library,

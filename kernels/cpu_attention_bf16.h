@@ -122,9 +122,9 @@ struct DotPasses : NoTileState {
             const int64_t n = length - t0 < 16 ? length - t0 : 16;
             for (int64_t i = 0; i < n; i++) {
                 if (offset == 0) {
-                    for (int64_t ahead = block == 0 ? 1 : kAhead; ahead <= kAhead; ahead++)
-                        if ((block + ahead) * bs < length)
-                            prefetch_block(k_head + table[block + ahead] * bs * HD, bs * HD);
+                    for (int64_t d = block == 0 ? 1 : kAhead; d <= kAhead; d++)  // blocks on
+                        if ((block + d) * bs < length)
+                            prefetch_block(k_head + table[block + d] * bs * HD, bs * HD);
                     prefetch_block<_MM_HINT_T1>(v_head + table[block] * bs * HD, bs * HD);
                     ahead.keys(block, bs, HD);
                 }
@@ -342,9 +342,9 @@ struct AmxPasses : DotPasses<HD> {
         int64_t block = 0, offset = 0;  // where the next 16 keys lie
         const auto next_keys = [&]() {
             if (offset == 0) {
-                for (int64_t ahead = block == 0 ? 1 : kAhead; ahead <= kAhead; ahead++)
-                    if ((block + ahead) * bs < length)
-                        prefetch_block(k_head + table[block + ahead] * bs * HD, bs * HD);
+                for (int64_t d = block == 0 ? 1 : kAhead; d <= kAhead; d++)  // blocks on
+                    if ((block + d) * bs < length)
+                        prefetch_block(k_head + table[block + d] * bs * HD, bs * HD);
                 prefetch_block<_MM_HINT_T1>(v_head + table[block] * bs * HD, bs * HD);
                 ahead.keys(block, bs, HD);
             }

@@ -147,16 +147,20 @@ struct Step {
 
 namespace {
 
-// out += the adapters' delta of projection `p` of layer `l` for x's rows, where some row's
-// adapter targets it (the eager path's LoRALinear, through lora_add_cpu's tiled runs).
-bool add_lora(const Model& m, const Step& s, const Layer& layer, int64_t l, int p, const void* x,
+// Whether some row's adapter targets projection `p` of layer `l` this step.
+bool targeted(const Step& s, const Layer& layer, int64_t l, int p) {
+    return s.lora_on != nullptr && layer.lora[p].a != nullptr && s.lora_on[4 * l + p];
+}
+
+// out += the adapters' delta of projection `p` of layer `l` for x's rows, where `targeted`
+// (the eager path's LoRALinear, through lora_add_cpu's tiled runs).
+void add_lora(const Model& m, const Step& s, const Layer& layer, int64_t l, int p, const void* x,
               int64_t x_stride, void* out, int64_t out_stride, int64_t threads) {
+    if (!targeted(s, layer, l, p)) return;
     const Lora& lora = layer.lora[p];
-    if (s.lora_on == nullptr || lora.a == nullptr || !s.lora_on[4 * l + p]) return false;
     m.entries.lora_runs(x, x_stride, out, out_stride, s.segments, s.num_segments, lora.a,
                         lora.in_features, lora.b_rows, lora.out_features,
                         s.slot_ranks[lora.n - 1], lora.subs, lora.n, s.rank, threads);
-    return true;
 }
 
 // [rows, 2 width] outputs of the interleaved gate/up weight (gate 0..31, up 0..31, gate
@@ -207,7 +211,7 @@ int64_t decoder_forward(const Model* m, const Step* s, int64_t threads) {
         e.add_rms_norm(s->hidden, hidden, s->residual, hidden, 1, layer.post_norm, s->normed,
                        hidden, rows, hidden, m->eps, threads);
         const int64_t inter = m->intermediate;
-        if (s->lora_on != nullptr && layer.lora[2].a != nullptr && s->lora_on[4 * l + 2]) {
+        if (targeted(*s, layer, l, 2)) {
             // a delta comes before the SiLU: the matmul, its outputs in order, the delta, then
             // silu_mul (what the fused pass computes, in two steps)
             e.matmul(s->normed, rows, hidden, hidden, layer.gate_up.packed, layer.gate_up.bias,
