@@ -174,8 +174,10 @@ def test_a_client_that_leaves_is_aborted_on_vllm(
     gateway, workdir = vllm_gateway
     before_aborts = aborts(vllm_servers)
     before_rows = len(usage_rows(workdir, tenant.tenant_id))
+    # 2000 of the 2048 the server allows: vLLM once finished all 1500 tokens before the
+    # client's leaving reached it (usage then says "stop"), as in the engine-kill test below
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Long."}], "stream": True,
-            "max_tokens": 1500, "ignore_eos": True}  # fmt: skip
+            "max_tokens": 2000, "ignore_eos": True}  # fmt: skip
     headers = {"authorization": f"Bearer {tenant.key}"}
     with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, headers=headers,
                       timeout=60) as response:  # fmt: skip
@@ -185,7 +187,7 @@ def test_a_client_that_leaves_is_aborted_on_vllm(
                 break  # leave mid-stream
     row = rows_when_written(workdir, tenant.tenant_id, before_rows + 1)[-1]
     assert row["finish_reason"] == "abort"
-    assert 3 <= row["completion_tokens"] < 1500
+    assert 3 <= row["completion_tokens"] < 2000
     assert until(lambda: aborts(vllm_servers) - before_aborts == 1)
     assert until(lambda: sum(s.metric("vllm:num_requests_running") for s in vllm_servers) == 0)
 
