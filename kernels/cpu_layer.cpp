@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -46,6 +47,12 @@ using loragate::round_to;
 using loragate::silu;
 using loragate::softmax_unnormalised;
 using loragate::to_float;
+#if defined(__AVX512F__)
+using loragate::load_bf16x16;
+using loragate::round_bf16;
+using loragate::silu16;
+using loragate::store_bf16x16;
+#endif
 
 constexpr int64_t kLanes = 8;
 
@@ -189,7 +196,14 @@ void silu_mul(const T* gate_up, int64_t stride, T* out, int64_t out_stride, int6
         const T* gate = gate_up + r * stride;
         const T* up = gate + width;
         T* o = out + r * out_stride;
-        for (int64_t i = 0; i < width; ++i)
+        int64_t i = 0;
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<T, BFloat16>)  // the loop below, 16 at a time (same bits)
+            for (; i + 16 <= width; i += 16)
+                store_bf16x16(o + i, _mm512_mul_ps(round_bf16(silu16(load_bf16x16(gate + i))),
+                                                   load_bf16x16(up + i)));
+#endif
+        for (; i < width; ++i)
             o[i] = from_float<T>(round_to<T>(silu(to_float(gate[i]))) * to_float(up[i]));
     }
 }
