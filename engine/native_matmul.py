@@ -9,7 +9,9 @@ at 200-2048 rows, session 12). On a CPU with AMX both multiply by AMX's tiles; t
 1.3x oneDNN at 1-8 rows and 1.03-1.16x at 64-512 on two cores of an AMX Xeon, but 0.81x at
 512 rows on one (session 13). On an AVX2-only CPU oneDNN has no bf16 kernels at all and the
 kernel's FMA path multiplies bf16 weights at the float32 rate; float32 models go to the same
-path there. So "auto" times both on the model's own weights at 1, 8, 64, 512 and 2048 rows:
+path there. So "auto" times both on the model's own weights at 1, 8, 64, 512, 1024 and 2048
+rows, the fused gate/up projection as a step runs it (the kernel's pass with its SiLU against
+oneDNN's matmul and then silu_mul):
 
 - the kernel at least as fast everywhere (within the timing's noise): it takes every step and
   oneDNN's copy of the weights is dropped (one copy, as before);
@@ -27,10 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.packed_linear import PackedLinear, can_pack, pack_linears, packing_pays
 from engine.timing import best_time
+from kernels.cpu_layer import native_layer
 from kernels.cpu_matmul import GATE_UP_GROUP, NativeMatmul, native_matmul
 from kernels.cpu_native import built_or_none
 
@@ -38,8 +42,10 @@ log = logging.getLogger(__name__)
 
 MODES: tuple[str, ...] = ("auto", "on", "off")
 # 2048: a full prefill step at the default max_num_batched_tokens. On a 2-core AMX Xeon the
-# kernel kept up with oneDNN to 512 rows and ran at 0.63x its speed at 2048 (session 13).
-TIMED_ROWS: tuple[int, ...] = (1, 8, 64, 512, 2048)
+# kernel kept up with oneDNN to 512 rows and ran at 0.63x its speed at 2048 (session 13);
+# 1024: there it still led (session 17), and a step with a prompt or two beside the decodes
+# (500-1000 rows) fell between the two and went to oneDNN.
+TIMED_ROWS: tuple[int, ...] = (1, 8, 64, 512, 1024, 2048)
 # At or above this everywhere, the kernel takes every step: a tie is worth one copy of the
 # weights instead of two.
 _EVERY_ROW_RATIO = 0.97
@@ -124,8 +130,9 @@ def use_native_matmul(model: nn.Module, requested: str, dtype: torch.dtype) -> N
     free = _free_memory()
     fits = free is None or extra <= _MEMORY_SHARE * free
     timed = linears if fits else linears[:4]
-    _install(timed, kernel, 0)
-    ratios = {rows: _ratio(timed, rows) for rows in TIMED_ROWS}
+    widths = _gate_up_widths(model)
+    _install(timed, kernel, 0, widths)
+    ratios = {rows: _ratio(timed, rows, widths) for rows in TIMED_ROWS}
     figures = "oneDNN / kernel time at " + ", ".join(f"{r} rows {x:.2f}" for r, x in ratios.items())
     if min(ratios.values()) >= _EVERY_ROW_RATIO:
         # layer by layer: oneDNN's copy goes as the kernel's comes
@@ -134,10 +141,15 @@ def use_native_matmul(model: nn.Module, requested: str, dtype: torch.dtype) -> N
     limit = 0
     for rows, ratio in ratios.items():
         # the first row count must pay for the second copy; once it is there, larger steps
-        # go to the kernel wherever it is no slower (its fused SiLU is not in the timing)
-        if ratio < (_MIN_GAIN if limit == 0 else 1.0):
+        # go to the kernel wherever it is no slower. A tie within the noise neither extends
+        # the limit nor ends it (one noisy size at 0.99 once kept 1024-row steps, 1.16x
+        # faster by the kernel, on oneDNN); a clear loss ends it.
+        if limit == 0 and ratio < _MIN_GAIN:
             break
-        limit = rows
+        if limit and ratio < _EVERY_ROW_RATIO:
+            break
+        if limit == 0 or ratio >= 1.0:
+            limit = rows
     if limit and not fits:
         limit = 0
         figures += f"; a second copy ({extra / 2**20:.0f} MiB) exceeds a quarter of free memory"
@@ -191,32 +203,56 @@ def _free_memory() -> int | None:
 
 
 def matmul_steps(
-    linears: list[PackedLinear], rows: int
+    linears: list[PackedLinear], rows: int, gate_up: dict[int, int] | None = None
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """Every linear once at `rows` rows, as a step runs them (each weight from memory): one
     run through oneDNN, one through the kernel. Both copies must be installed
-    (`use_native(kernel, max_rows)` with a limit)."""
+    (`use_native(kernel, max_rows)` with a limit). `gate_up`: id -> width of the fused gate/up
+    projections installed with their SiLU (`_gate_up_widths`): those run as a step runs them,
+    oneDNN's matmul and then silu_mul against the kernel's one pass."""
     inputs = {m.in_features: torch.randn(rows, m.in_features).to(m.dtype) for m in linears}
+    widths = gate_up or {}
+    silu_mul = _silu_mul()
 
     def onednn() -> None:
         for m in linears:
-            m.reference(inputs[m.in_features])
+            y = m.reference(inputs[m.in_features])
+            if id(m) in widths:
+                silu_mul(y, widths[id(m)])
 
     def kernel() -> None:
         for m in linears:
             assert m.native is not None
             native, packed = m.native
-            native(inputs[m.in_features], packed, m.out_features, m.bias)
+            x = inputs[m.in_features]
+            if id(m) in widths:
+                native.silu(x, packed, widths[id(m)], m.native_bias)
+            else:
+                native(x, packed, m.out_features, m.bias)
 
     return onednn, kernel
 
 
-def _ratio(linears: list[PackedLinear], rows: int) -> float:
+def _silu_mul() -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """What a step runs after oneDNN's gate/up matmul (engine/models/layer_ops.py): the native
+    silu_mul where it builds, else PyTorch's."""
+    layer = built_or_none(native_layer, "native layer kernels unavailable")
+    if layer is not None:
+        return lambda gate_up, width: layer.silu_mul(gate_up)
+
+    def eager(gate_up: torch.Tensor, width: int) -> torch.Tensor:
+        gate, up = gate_up.split(width, dim=-1)
+        return F.silu(gate) * up
+
+    return eager
+
+
+def _ratio(linears: list[PackedLinear], rows: int, gate_up: dict[int, int]) -> float:
     """oneDNN's time over the kernel's at `rows` rows, best of a few each, interleaved (so a
     busy moment of the machine hits both): the whole model's weights at a few rows, the first
     layer's projections (Llama: qkv, o, gate_up, down) above."""
     timed = linears if rows <= _WHOLE_MODEL_ROWS else linears[:4]
-    onednn, kernel = matmul_steps(timed, rows)
+    onednn, kernel = matmul_steps(timed, rows, gate_up)
     onednn_s = kernel_s = float("inf")
     for _ in range(_REPEATS):
         onednn_s = min(onednn_s, best_time(onednn, 1))

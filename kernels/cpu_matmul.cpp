@@ -177,17 +177,17 @@ inline void configure_tiles(int m) {
     _tile_loadconfig(&config);
 }
 
-// `tiles` row tiles of x (rows x_stride apart; whole tiles: rows past `rows` are readable) by
-// one block, a row tile at a time against the block's four column tiles; writes `rows` rows
-// of y. `k_chunk` inputs at a time (a multiple of 32, or k): every row tile takes the chunk
+// `tiles` row tiles of x (rows x_stride apart) by one block, a row tile at a time against the
+// block's four column tiles; writes `rows` rows of y. `tail`, where not null: the last row
+// tile's rows, k apart, beside zero rows up to the tile's 16 (x's own rows end before). `k_chunk` inputs at a time (a multiple of 32, or k): every row tile takes the chunk
 // before the next chunk begins, its sums put back in between, so the chunk's slice of the
 // block (8 KB at 64 inputs) and of x stay in L1 for the later row tiles instead of coming
 // from L2. Session 17 (AMX Xeon, the small model's 48 layer matmuls): chunks of 64 inputs
 // 0.89x the time at 64 rows, 0.90x at 256, the same at 512 and 1.22x at 2048 (there the
 // sums' round trips cost more than they save); 32 inputs 1.14x at 64 rows.
 template <bool Silu>
-void amx_block(const uint16_t* x, int64_t x_stride, int rows, int tiles, int64_t k,
-               int64_t k_chunk, const uint16_t* w, const BFloat16* bias, BFloat16* y,
+void amx_block(const uint16_t* x, int64_t x_stride, const uint16_t* tail, int rows, int tiles,
+               int64_t k, int64_t k_chunk, const uint16_t* w, const BFloat16* bias, BFloat16* y,
                int64_t y_stride, int64_t cols) {
     alignas(64) float sums[kAmxChunk][kDotCols];
     float b[kDotCols];
@@ -210,10 +210,12 @@ void amx_block(const uint16_t* x, int64_t x_stride, int rows, int tiles, int64_t
                 _tile_loadd(2, st + 32, 4 * kDotCols);
                 _tile_loadd(3, st + 48, 4 * kDotCols);
             }
-            const uint16_t* xt = x + t * kAmxRows * x_stride;
+            const bool padded = tail != nullptr && t == tiles - 1;
+            const uint16_t* xt = padded ? tail : x + t * kAmxRows * x_stride;
+            const int64_t xt_bytes = padded ? k * 2 : x_bytes;
             for (int64_t i = k0; i < k1; i += 32) {
                 const uint16_t* wi = w + (i / 2) * kPairRow;
-                _tile_loadd(4, xt + i, x_bytes);
+                _tile_loadd(4, xt + i, xt_bytes);
                 _tile_loadd(6, wi, 64);
                 _tile_dpbf16ps(0, 4, 6);
                 _tile_loadd(7, wi + tile_values, 64);
@@ -359,17 +361,15 @@ void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const 
     const int64_t out_cols = Silu ? kDotCols / 2 : kDotCols;  // outputs a block writes
 #if LORAGATE_AMX
     if (tiled(k)) {
-        // Whole row tiles: a step of more than 16 rows whose count is not a multiple of 16 is
-        // copied beside zero rows; a shorter one runs as one short tile.
-        std::vector<uint16_t> padded;
-        const uint16_t* xp = x;
-        int64_t xp_stride = x_stride;
-        if (rows > kAmxRows && rows % kAmxRows) {
-            padded.assign((rows + kAmxRows - 1) / kAmxRows * kAmxRows * k, 0);
-            for (int64_t r = 0; r < rows; r++)
-                std::memcpy(padded.data() + r * k, x + r * x_stride, k * 2);
-            xp = padded.data();
-            xp_stride = k;
+        // Whole row tiles: in a step of more than 16 rows whose count is not a multiple of 16,
+        // the last tile's rows are copied beside zero rows (copying every row instead cost
+        // ~0.1 ms a matmul at 520 rows); a shorter step runs as one short tile.
+        std::vector<uint16_t> tail;
+        const int64_t whole = rows / kAmxRows * kAmxRows;
+        if (rows > kAmxRows && rows > whole) {
+            tail.assign(kAmxRows * k, 0);
+            for (int64_t r = whole; r < rows; r++)
+                std::memcpy(tail.data() + (r - whole) * k, x + r * x_stride, k * 2);
         }
         const int64_t amx_chunks = (rows + kAmxChunk - 1) / kAmxChunk;
         // inputs in chunks where a step has up to 256 rows and more than one row tile
@@ -381,7 +381,10 @@ void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const 
             for (int64_t item = 0; item < blocks * amx_chunks; item++) {
                 const int64_t b = item / amx_chunks, first = (item % amx_chunks) * kAmxChunk;
                 const int64_t chunk_rows = std::min(kAmxChunk, rows - first);
-                amx_block<Silu>(xp + first * xp_stride, xp_stride, static_cast<int>(chunk_rows),
+                const bool last = first + chunk_rows == rows;
+                amx_block<Silu>(x + first * x_stride, x_stride,
+                                last && !tail.empty() ? tail.data() : nullptr,
+                                static_cast<int>(chunk_rows),
                                 static_cast<int>((chunk_rows + kAmxRows - 1) / kAmxRows), k,
                                 k_chunk, packed + b * (k / 2) * 2 * kDotCols,
                                 bias != nullptr ? bias + b * kDotCols : nullptr,
