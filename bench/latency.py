@@ -6,11 +6,15 @@
 Both servers run at once on the same cores (`--threads`, default every core) and answer the same
 `POST /inference/v1/generate` body: a 128-token prompt (token ids, each request its own, so no
 prefix-cache hit), 64 output tokens, greedy, `ignore_eos`, streamed. Requests alternate between
-the two servers, one in flight at a time, with a pause before each (`--pause-s`, default 1.5 s):
-vLLM's CPU engine keeps both cores busy for about a second after its last request finishes,
-and on two shared cores that held the next loragate request's first token back by the same
-second (TTFT 1,040 ms with no pause, 824 ms after 0.25 s, 584 ms after 0.5 s, 89 ms after 1 s;
-2026-11-24). Low load means idle between requests; the pause gives both systems that. Time to
+the two servers, one in flight at a time, with a pause before each (`--pause-s`, default 1.5 s),
+then a wait until the machine is idle (`wait_idle`: under 10% of the CPUs busy over 100 ms, at
+most `--max-idle-wait-s`): vLLM's CPU engine keeps both cores busy for about a second after
+its last request finishes, and on two shared cores that held the next loragate request's first
+token back by the same second (TTFT 1,040 ms with no pause, 824 ms after 0.25 s, 584 ms after
+0.5 s, 89 ms after 1 s; 2026-11-24). On an AMX Xeon VM it kept one core busy for 1-1.5 s, so
+after the fixed pause alone loragate's ITL measured 10.9 ms where it measured 6.4-6.6 ms with
+vLLM idle or a 5 s pause (2026-11-26). Low load means idle between requests; the wait gives
+both systems that, however long the other one's tail is here. Time to
 first token is the client's, to the first SSE chunk holding a token; inter-token latency is a request's (last token - first token) time over
 its remaining tokens (vLLM may put several tokens in one chunk), and the median over requests
 is reported. The floor beside them: the bytes of weights a decode step reads (every linear
@@ -186,6 +190,36 @@ def decode_weight_bytes(model: Path, dtype: str) -> int:
     return numel * DTYPES[dtype].itemsize
 
 
+def cpu_busy_share(window_s: float) -> float | None:
+    """The share of all CPUs' time spent busy (user, nice, system, irq) over `window_s`, from
+    /proc/stat; None where there is none (not Linux)."""
+
+    def read() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        busy = fields[0] + fields[1] + fields[2] + sum(fields[5:7])
+        return busy, sum(fields[:8])
+
+    try:
+        busy0, total0 = read()
+        time.sleep(window_s)
+        busy1, total1 = read()
+    except (OSError, ValueError):
+        return None
+    return (busy1 - busy0) / max(1, total1 - total0)
+
+
+def wait_idle(max_s: float, window_s: float = 0.1, idle_share: float = 0.1) -> float:
+    """Block until under `idle_share` of the CPUs was busy over a `window_s` window, or
+    `max_s` passed; returns the seconds waited."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < max_s:
+        share = cpu_busy_share(window_s)
+        if share is None or share < idle_share:
+            break
+    return time.perf_counter() - start
+
+
 def summarize(timings: Sequence[Timing]) -> dict[str, float]:
     ttft = sorted(t.ttft_ms for t in timings)
     itl = sorted(t.itl_ms for t in timings)
@@ -210,6 +244,7 @@ def measure(
     else:
         servers.append(start_vllm(python, model, dtype, workdir))
     timings: dict[str, list[Timing]] = {s.name.split("-")[0]: [] for s in servers}
+    idle_waits: list[float] = []
     try:
         for server in servers:
             wait_healthy(server)
@@ -220,10 +255,14 @@ def measure(
             for i, request in enumerate(requests):
                 for server in servers if i % 2 == 0 else servers[::-1]:
                     time.sleep(args.pause_s)
+                    idle_waits.append(wait_idle(args.max_idle_wait_s))
                     timings[server.name.split("-")[0]].append(one(client, server.url, request))
     finally:
         for server in servers:
             server.stop()
+    if idle_waits:
+        print(f"  waited for an idle machine after the pause: median {statistics.median(idle_waits):.2f} s, "
+              f"max {max(idle_waits):.2f} s", flush=True)  # fmt: skip
     result = {name: summarize(t) for name, t in timings.items()}
     for name, s in result.items():
         print(f"  {dtype} {name}: TTFT {s['ttft_ms_median']:.1f} ms, ITL "
@@ -241,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=None, help="timed requests per system")
     parser.add_argument(
         "--pause-s", type=float, default=1.5, help="idle time before each request (see above)"
+    )
+    parser.add_argument(
+        "--max-idle-wait-s",
+        type=float,
+        default=10.0,
+        help="after the pause, wait at most this long for the CPUs to go idle (see above)",
     )
     args = parser.parse_args(argv)
     cores = vllm_offline.share_cores(args.threads)
@@ -312,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                 "VLLM_CPU_KVCACHE_SPACE=1, OMP threads bound to the cores, tcmalloc + iomp",
                 "loragate_engine": "defaults",
                 "pause_s": args.pause_s,
+                "max_idle_wait_s": args.max_idle_wait_s,
             },
         }
         write_record(args.json, record, args, model_dir=model, started=started,
