@@ -16,7 +16,8 @@
 // another, each pair's 64 x 2 values side by side ([n / 64][k / 2][64][2], the layout vdpbf16ps
 // takes), so one block is one sequential stream. A block's rows are taken 6 at a time
 // (cpu_dot_tile.h), reading the block from L2 after the first tile; work items are (block, up
-// to 96 rows), split between threads. The AMX layout and loop are described where they are.
+// to 96 rows), split between threads. The AMX layout and loop: kernels/cpu_matmul_amx.h; the
+// epilogue every path shares (bias, rounding, the fused SiLU): kernels/cpu_matmul_rows.h.
 //
 // Values: float32 products and sums (each vdpbf16ps, or tdpbf16ps, adds exact bf16 products to
 // float32 sums), the bias added in float32, one rounding to bf16 at the end: what oneDNN and
@@ -37,82 +38,22 @@
 #include "cpu_dot_tile.h"
 #include "cpu_fma_tile.h"
 #include "cpu_math.h"
+#include "cpu_matmul_amx.h"
+#include "cpu_matmul_rows.h"
 
 namespace {
 
 using loragate::BFloat16;
-using loragate::from_float;
 using loragate::to_float;
 
 using loragate::kDotCols;
-#if defined(__AVX512F__)
-using loragate::round_bf16;
-using loragate::silu16;
-using loragate::store_bf16x16;
+using loragate::load_bias;
+using loragate::write_rows;
+#if LORAGATE_AMX
+using loragate::amx_matmul;
 #endif
 
 constexpr int64_t kChunk = 96;  // rows per work item: a block's panel reused 16 times from L2
-
-
-#if defined(__AVX512F__)
-// One fused SiLU row of a block: 32 outputs from the gate sums s[0, 32) and up sums
-// s[32, 64), as write_rows' scalar loop computes them, bit for bit. Why by hand: GCC vectorised
-// that loop 8 wide, each bf16 rounding a shuffle, and on the AMX Xeon the epilogue cost as much
-// as a third of the fused projection's time at 64 rows (session 17: the model's 48 matmuls at
-// 64 rows 10.1 -> 9.6 ms, at 512 rows 50.3 -> 44.4).
-inline void silu_row(const float* s, const float* b, BFloat16* out) {
-    for (int c = 0; c < 32; c += 16) {
-        const __m512 gate =
-            round_bf16(_mm512_add_ps(_mm512_loadu_ps(s + c), _mm512_loadu_ps(b + c)));
-        const __m512 up =
-            round_bf16(_mm512_add_ps(_mm512_loadu_ps(s + c + 32), _mm512_loadu_ps(b + c + 32)));
-        store_bf16x16(out + c, _mm512_mul_ps(round_bf16(silu16(gate)), up));
-    }
-}
-#endif
-
-// One tile's rows written out (both paths). Plain: the block's `cols` outputs, each the float32
-// sum plus the bias, rounded once to Y. Silu: the block holds 32 gate and then the 32 matching
-// up outputs (matmul_silu_*'s layout), and the 32 outputs are round(round(silu(gate)) * up),
-// gate and up each rounded first (what the separate matmul and kernels/cpu_layer.cpp's silu_mul
-// compute; in float32 the roundings are no-ops). The loops over a row's outputs are plain
-// element-wise loops, so they vectorise (the SiLU's exp included); the bf16 SiLU row is written
-// out by hand where the CPU has AVX-512 (silu_row).
-template <bool Silu, typename Y>
-inline void write_rows(const float (*sums)[kDotCols], int rows, const float* b, Y* y,
-                       int64_t y_stride, int64_t cols) {
-    constexpr int64_t kHalf = kDotCols / 2;
-    for (int m = 0; m < rows; m++) {
-        Y* out = y + m * y_stride;
-        const float* s = sums[m];
-#if defined(__AVX512F__)
-        if constexpr (Silu && std::is_same_v<Y, BFloat16>) {
-            silu_row(s, b, out);
-            continue;
-        }
-#endif
-        if (Silu) {
-#pragma omp simd
-            for (int64_t c = 0; c < kHalf; c++) {
-                const float gate = loragate::round_to<Y>(s[c] + b[c]);
-                const float up = loragate::round_to<Y>(s[c + kHalf] + b[c + kHalf]);
-                const float act = loragate::round_to<Y>(loragate::silu(gate));
-                out[c] = from_float<Y>(act * up);
-            }
-        } else if (cols == kDotCols) {
-#pragma omp simd
-            for (int64_t c = 0; c < kDotCols; c++) out[c] = from_float<Y>(s[c] + b[c]);
-        } else {  // a padded last block
-            for (int64_t c = 0; c < cols; c++) out[c] = from_float<Y>(s[c] + b[c]);
-        }
-    }
-}
-
-template <typename Y>
-inline void load_bias(const Y* bias, int64_t cols, float* b) {
-    for (int64_t c = 0; c < kDotCols; c++)
-        b[c] = bias != nullptr && c < cols ? to_float(bias[c]) : 0.f;
-}
 
 #if defined(__AVX512BF16__)
 // Rows [first, last) of one block by vdpbf16ps, six at a time. The first tile streams the block
@@ -149,92 +90,6 @@ void block_rows(const uint16_t* x, int64_t x_stride, int64_t first, int64_t last
 }
 #endif
 
-#if LORAGATE_AMX
-// AMX. A block's 64 outputs are packed as four column tiles of 16, one after another, each
-// [k / 2][16][2] (the pairs of the input dimension in turn, each pair's 16 x 2 values side by
-// side: tdpbf16ps's B operand, 1 KB for 32 inputs). A tile of x is up to 16 rows by 32 inputs.
-// A work item is a block and up to 64 rows; each tile of 16 rows multiplies all four column
-// tiles (read as four sequential streams, from memory the first time and from L2 after), 32
-// inputs at a time. Tiles: 0-3 the four column tiles' float32 sums, 4 the rows of x, 6-7 the
-// weights, alternating so a load need not wait for the product reading the one before.
-// Measured against this on the small model's matmuls (2-core AMX Xeon): the vdpbf16ps layout
-// read as B tiles (a 256-byte stride) 1.1x slower at 64 rows; each column tile in turn against
-// four row tiles 1.2x slower (five loads for four products, x's 64 rows from L2 each time);
-// software prefetch of the weights slower still.
-
-constexpr int64_t kAmxRows = 16;  // rows of x in one tile
-constexpr int64_t kTileCols = 16;  // outputs per column tile
-constexpr int64_t kAmxChunk = 4 * kAmxRows;  // rows per work item
-constexpr int64_t kAmxKChunk = 64;  // inputs a row tile takes at a time in steps of up to...
-constexpr int64_t kChunkedRows = 256;  // ...this many rows (amx_block)
-
-// Tiles for row tiles of `m` rows (16, or fewer where the whole step is one short tile); per
-// thread, until _tile_release.
-inline void configure_tiles(int m) {
-    loragate::TileConfig config;
-    for (int t = 0; t < 5; t++) config.set(t, m, 64);   // the sums, x's rows
-    for (int t = 6; t < 8; t++) config.set(t, 16, 64);  // weights: 16 pairs of the input
-    _tile_loadconfig(&config);
-}
-
-// `tiles` row tiles of x (rows x_stride apart) by one block, a row tile at a time against the
-// block's four column tiles; writes `rows` rows of y. `tail`, where not null: the last row
-// tile's rows, k apart, beside zero rows up to the tile's 16 (x's own rows end before). `k_chunk` inputs at a time (a multiple of 32, or k): every row tile takes the chunk
-// before the next chunk begins, its sums put back in between, so the chunk's slice of the
-// block (8 KB at 64 inputs) and of x stay in L1 for the later row tiles instead of coming
-// from L2. Session 17 (AMX Xeon, the small model's 48 layer matmuls): chunks of 64 inputs
-// 0.89x the time at 64 rows, 0.90x at 256, the same at 512 and 1.22x at 2048 (there the
-// sums' round trips cost more than they save); 32 inputs 1.14x at 64 rows.
-template <bool Silu>
-void amx_block(const uint16_t* x, int64_t x_stride, const uint16_t* tail, int rows, int tiles,
-               int64_t k, int64_t k_chunk, const uint16_t* w, const BFloat16* bias, BFloat16* y,
-               int64_t y_stride, int64_t cols) {
-    alignas(64) float sums[kAmxChunk][kDotCols];
-    float b[kDotCols];
-    load_bias(bias, cols, b);
-    const int64_t x_bytes = x_stride * 2;
-    constexpr int64_t kPairRow = 2 * kTileCols;
-    const int64_t tile_values = (k / 2) * kPairRow;
-    for (int64_t k0 = 0; k0 < k; k0 += k_chunk) {
-        const int64_t k1 = std::min(k, k0 + k_chunk);
-        for (int t = 0; t < tiles; t++) {
-            float* st = sums[0] + t * kAmxRows * kDotCols;
-            if (k0 == 0) {
-                _tile_zero(0);
-                _tile_zero(1);
-                _tile_zero(2);
-                _tile_zero(3);
-            } else {
-                _tile_loadd(0, st, 4 * kDotCols);
-                _tile_loadd(1, st + 16, 4 * kDotCols);
-                _tile_loadd(2, st + 32, 4 * kDotCols);
-                _tile_loadd(3, st + 48, 4 * kDotCols);
-            }
-            const bool padded = tail != nullptr && t == tiles - 1;
-            const uint16_t* xt = padded ? tail : x + t * kAmxRows * x_stride;
-            const int64_t xt_bytes = padded ? k * 2 : x_bytes;
-            for (int64_t i = k0; i < k1; i += 32) {
-                const uint16_t* wi = w + (i / 2) * kPairRow;
-                _tile_loadd(4, xt + i, xt_bytes);
-                _tile_loadd(6, wi, 64);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_loadd(7, wi + tile_values, 64);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_loadd(6, wi + 2 * tile_values, 64);
-                _tile_dpbf16ps(2, 4, 6);
-                _tile_loadd(7, wi + 3 * tile_values, 64);
-                _tile_dpbf16ps(3, 4, 7);
-            }
-            _tile_stored(0, st, 4 * kDotCols);
-            _tile_stored(1, st + 16, 4 * kDotCols);
-            _tile_stored(2, st + 32, 4 * kDotCols);
-            _tile_stored(3, st + 48, 4 * kDotCols);
-        }
-    }
-    write_rows<Silu, BFloat16>(sums, rows, b, y, y_stride, cols);
-}
-
-#endif
 
 #if LORAGATE_FMA && !defined(__AVX512BF16__)
 #define LORAGATE_FMA_BF16 1  // bf16 weights widened to float32 on the FMA path
@@ -361,38 +216,7 @@ void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const 
     const int64_t out_cols = Silu ? kDotCols / 2 : kDotCols;  // outputs a block writes
 #if LORAGATE_AMX
     if (tiled(k)) {
-        // Whole row tiles: in a step of more than 16 rows whose count is not a multiple of 16,
-        // the last tile's rows are copied beside zero rows (copying every row instead cost
-        // ~0.1 ms a matmul at 520 rows); a shorter step runs as one short tile.
-        std::vector<uint16_t> tail;
-        const int64_t whole = rows / kAmxRows * kAmxRows;
-        if (rows > kAmxRows && rows > whole) {
-            tail.assign(kAmxRows * k, 0);
-            for (int64_t r = whole; r < rows; r++)
-                std::memcpy(tail.data() + (r - whole) * k, x + r * x_stride, k * 2);
-        }
-        const int64_t amx_chunks = (rows + kAmxChunk - 1) / kAmxChunk;
-        // inputs in chunks where a step has up to 256 rows and more than one row tile
-        const int64_t k_chunk = rows > kAmxRows && rows <= kChunkedRows ? kAmxKChunk : k;
-#pragma omp parallel num_threads(threads)
-        {
-            configure_tiles(static_cast<int>(std::min<int64_t>(rows, kAmxRows)));
-#pragma omp for schedule(static)
-            for (int64_t item = 0; item < blocks * amx_chunks; item++) {
-                const int64_t b = item / amx_chunks, first = (item % amx_chunks) * kAmxChunk;
-                const int64_t chunk_rows = std::min(kAmxChunk, rows - first);
-                const bool last = first + chunk_rows == rows;
-                amx_block<Silu>(x + first * x_stride, x_stride,
-                                last && !tail.empty() ? tail.data() : nullptr,
-                                static_cast<int>(chunk_rows),
-                                static_cast<int>((chunk_rows + kAmxRows - 1) / kAmxRows), k,
-                                k_chunk, packed + b * (k / 2) * 2 * kDotCols,
-                                bias != nullptr ? bias + b * kDotCols : nullptr,
-                                y + first * y_stride + b * out_cols, y_stride,
-                                std::min(kDotCols, n - b * kDotCols));
-            }
-            _tile_release();
-        }
+        amx_matmul<Silu>(x, rows, x_stride, k, packed, bias, n, y, y_stride, threads);
         return;
     }
 #endif

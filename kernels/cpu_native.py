@@ -48,6 +48,8 @@ HEADERS = tuple(
         "cpu_dot_tile.h",
         "cpu_fma_tile.h",
         "cpu_lora_runs.h",
+        "cpu_matmul_amx.h",
+        "cpu_matmul_rows.h",
     )
 )
 # -fno-trapping-math: without it GCC keeps every float select (a clamp, a sign test) a branch, and
