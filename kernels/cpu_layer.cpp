@@ -110,16 +110,35 @@ void add_rms_norm(const T* x, int64_t x_stride, T* residual, int64_t residual_st
         T* o = out + r * out_stride;
         const T* src = xr;
         if (add) {
+            int64_t i = 0;
+#if defined(__AVX512F__)
+            if constexpr (std::is_same_v<T, BFloat16>)  // the loop below, 16 at a time
+                for (; i + 16 <= dim; i += 16)
+                    store_bf16x16(res + i, _mm512_add_ps(load_bf16x16(res + i),
+                                                         load_bf16x16(xr + i)));
+#endif
 #pragma omp simd
-            for (int64_t i = 0; i < dim; ++i)
-                res[i] = from_float<T>(to_float(res[i]) + to_float(xr[i]));
+            for (int64_t j = i; j < dim; ++j)
+                res[j] = from_float<T>(to_float(res[j]) + to_float(xr[j]));
             src = res;
         }
         const double sum = sum_squares(src, dim);
         const float inv = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(dim) + eps));
+        int64_t i = 0;
+#if defined(__AVX512F__)
+        // GCC vectorised these loops 8 wide with a shuffle a bf16 rounding (~20 us a call at
+        // 64 rows of 768 on the AMX Xeon); the same operations 16 at a time, the same bits
+        if constexpr (std::is_same_v<T, BFloat16>) {
+            const __m512 inv_v = _mm512_set1_ps(inv);
+            for (; i + 16 <= dim; i += 16)
+                store_bf16x16(o + i, _mm512_mul_ps(load_bf16x16(weight + i),
+                                                   round_bf16(_mm512_mul_ps(load_bf16x16(src + i),
+                                                                            inv_v))));
+        }
+#endif
 #pragma omp simd
-        for (int64_t i = 0; i < dim; ++i)
-            o[i] = from_float<T>(to_float(weight[i]) * round_to<T>(to_float(src[i]) * inv));
+        for (int64_t j = i; j < dim; ++j)
+            o[j] = from_float<T>(to_float(weight[j]) * round_to<T>(to_float(src[j]) * inv));
     }
 }
 
