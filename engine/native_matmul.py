@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from engine.models.layer_ops import LayerOps
 from engine.packed_linear import PackedLinear, can_pack, pack_linears, packing_pays
 from engine.timing import best_time
 from kernels.cpu_layer import native_layer
@@ -234,17 +234,9 @@ def matmul_steps(
 
 
 def _silu_mul() -> Callable[[torch.Tensor, int], torch.Tensor]:
-    """What a step runs after oneDNN's gate/up matmul (engine/models/layer_ops.py): the native
-    silu_mul where it builds, else PyTorch's."""
-    layer = built_or_none(native_layer, "native layer kernels unavailable")
-    if layer is not None:
-        return lambda gate_up, width: layer.silu_mul(gate_up)
-
-    def eager(gate_up: torch.Tensor, width: int) -> torch.Tensor:
-        gate, up = gate_up.split(width, dim=-1)
-        return F.silu(gate) * up
-
-    return eager
+    """What a step runs after oneDNN's gate/up matmul: LayerOps' silu_mul (the native kernel
+    where it builds, else PyTorch's operators)."""
+    return LayerOps(built_or_none(native_layer, "native layer kernels unavailable")).silu_mul
 
 
 def _ratio(linears: list[PackedLinear], rows: int, gate_up: dict[int, int]) -> float:
