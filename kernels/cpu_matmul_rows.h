@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -32,7 +33,7 @@ inline void silu_row(const float* s, const float* b, BFloat16* out) {
 }
 #endif
 
-// One tile's rows written out (both paths). Plain: the block's `cols` outputs, each the float32
+// One tile's rows written out (every path). Plain: the block's `cols` outputs, each the float32
 // sum plus the bias, rounded once to Y. Silu: the block holds 32 gate and then the 32 matching
 // up outputs (matmul_silu_*'s layout), and the 32 outputs are round(round(silu(gate)) * up),
 // gate and up each rounded first (what the separate matmul and kernels/cpu_layer.cpp's silu_mul
@@ -55,9 +56,9 @@ inline void write_rows(const float (*sums)[kDotCols], int rows, const float* b, 
         if (Silu) {
 #pragma omp simd
             for (int64_t c = 0; c < kHalf; c++) {
-                const float gate = loragate::round_to<Y>(s[c] + b[c]);
-                const float up = loragate::round_to<Y>(s[c + kHalf] + b[c + kHalf]);
-                const float act = loragate::round_to<Y>(loragate::silu(gate));
+                const float gate = round_to<Y>(s[c] + b[c]);
+                const float up = round_to<Y>(s[c + kHalf] + b[c + kHalf]);
+                const float act = round_to<Y>(silu(gate));
                 out[c] = from_float<Y>(act * up);
             }
         } else if (cols == kDotCols) {
