@@ -17,8 +17,8 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import FinishReason, RequestOutput
 from engine.request import EngineRequest, RequestId
 from engine.sampling_params import SamplingParams
+from tests.engine.async_helpers import TIMEOUT_S, assert_idle_and_consistent, shut_down_checked
 
-TIMEOUT_S = 30  # a hang fails the test instead of the whole run
 QUEUE_LEN = 16
 _ids = itertools.count()
 
@@ -55,10 +55,7 @@ def llm_engine(tiny_model_dir: Path) -> Iterator[LLMEngine]:
 async def engine(llm_engine: LLMEngine) -> AsyncIterator[AsyncEngine]:
     async_engine = AsyncEngine(llm_engine)
     yield async_engine
-    await asyncio.wait_for(async_engine.shutdown(drain_timeout_s=0), TIMEOUT_S)
-    # The loop thread is gone: this thread may touch the LLMEngine now.
-    assert not llm_engine.has_unfinished_requests()
-    llm_engine.check_invariants()
+    await shut_down_checked(async_engine, llm_engine)
 
 
 async def drain(stream: RequestStream | AsyncIterator[RequestOutput]) -> list[RequestOutput]:
@@ -83,14 +80,6 @@ def finishes(outputs: list[RequestOutput]) -> dict[int, FinishReason]:
         for choice in output.choices
         if choice.finish_reason is not None
     }
-
-
-async def assert_idle_and_consistent(engine: AsyncEngine) -> None:
-    await asyncio.wait_for(engine.wait_until_idle(), TIMEOUT_S)
-    await engine.run_in_loop(lambda e: e.check_invariants())
-    stats = engine.stats()
-    assert (stats.num_running, stats.num_waiting, stats.kv_usage) == (0, 0, 0.0)
-    assert engine.num_in_flight == 0
 
 
 async def test_generate_streams_deltas_to_the_end(engine: AsyncEngine):

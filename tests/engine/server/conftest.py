@@ -17,9 +17,7 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.server import create_app
-from tests.engine.server.server_helpers import (
-    TIMEOUT_S,
-)
+from tests.engine.async_helpers import TIMEOUT_S, shut_down_checked
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +35,7 @@ def llm_engine(tiny_model_dir: Path) -> Iterator[LLMEngine]:
 async def engine(llm_engine: LLMEngine) -> AsyncIterator[AsyncEngine]:
     async_engine = AsyncEngine(llm_engine)
     yield async_engine
-    await asyncio.wait_for(async_engine.shutdown(drain_timeout_s=0), TIMEOUT_S)
-    assert not llm_engine.has_unfinished_requests()
-    llm_engine.check_invariants()
+    await shut_down_checked(async_engine, llm_engine)
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
+from tests.engine.async_helpers import TIMEOUT_S
 
-TIMEOUT_S = 30
 GENERATE = "/inference/v1/generate"
 LONG = 1500  # max_tokens of a request that is still running whenever a test acts on it
 
@@ -57,14 +57,6 @@ async def read_events(response: httpx.Response) -> AsyncIterator[Any]:
 
 async def engine_untouched(engine: AsyncEngine) -> None:
     assert await engine.run_in_loop(lambda e: e.num_unfinished_requests()) == 0
-    assert engine.num_in_flight == 0
-
-
-async def assert_idle_and_consistent(engine: AsyncEngine) -> None:
-    await asyncio.wait_for(engine.wait_until_idle(), TIMEOUT_S)
-    await engine.run_in_loop(lambda e: e.check_invariants())
-    stats = engine.stats()
-    assert (stats.num_running, stats.num_waiting, stats.kv_usage) == (0, 0, 0.0)
     assert engine.num_in_flight == 0
 
 

@@ -10,11 +10,10 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
+from tests.engine.async_helpers import TIMEOUT_S, assert_idle_and_consistent
 from tests.engine.server.server_helpers import (
     GENERATE,
     LONG,
-    TIMEOUT_S,
-    assert_idle_and_consistent,
     break_the_loop,
     gen_body,
     metric_samples,

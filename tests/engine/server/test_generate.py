@@ -7,9 +7,9 @@ import httpx
 import pytest
 
 from engine.async_engine import AsyncEngine
+from tests.engine.async_helpers import assert_idle_and_consistent
 from tests.engine.server.server_helpers import (
     GENERATE,
-    assert_idle_and_consistent,
     engine_untouched,
     gen_body,
     parse_sse,

@@ -9,9 +9,9 @@ from prometheus_client import REGISTRY, generate_latest
 from engine.async_engine import AsyncEngine
 from engine.metrics import MAX_TENANT_LABELS, OTHER_TENANT, EngineMetrics, priority_band
 from engine.outputs import EngineStats
+from tests.engine.async_helpers import TIMEOUT_S
 from tests.engine.server.server_helpers import (
     GENERATE,
-    TIMEOUT_S,
     gen_body,
     metric_samples,
 )
