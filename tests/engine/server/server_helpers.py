@@ -1,6 +1,8 @@
-"""What the engine-server tests share: the request body, SSE parsing, idle checks, fault
-injection. The fixtures (the engine on the tiny model, an ASGI client, a live uvicorn) are in
-this directory's conftest.py."""
+"""What the engine-server tests share: the request body, SSE parsing, the untouched-engine
+check, waiting for a state, metric samples, fault injection. The fixtures (the engine on the
+tiny model, an ASGI client, a live uvicorn) are in this directory's conftest.py; the idle check
+and the checked shutdown, shared with tests/engine/test_async_engine.py, in
+tests/engine/async_helpers.py."""
 
 from __future__ import annotations
 
