@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kernels import huge_pages
 from kernels.cpu_gathered import GatheredKernel, compiled_gathered_rows, gathered_rows, warm_up
 from kernels.cpu_native import NativeBuildError, native_rows
 from kernels.lora_meta import LoRAKernelMeta
@@ -81,16 +82,25 @@ class LoRALinear(nn.Module):
         device = base.weight.device
         # The model's dtype: the products run where the base matmuls run (bf16 units on CPU).
         dtype = base.weight.dtype
-        self.lora_a = torch.zeros(
-            max_loras, n * max_rank, base.in_features, dtype=dtype, device=device
-        )
         if device.type == "cpu":
+            # On huge pages (kernels/huge_pages.py): a step with many adapters reads a few
+            # hundred KB of each slot's stacks, scattered over the pool; with 4 KiB pages every
+            # few KB is a TLB miss and the prefetchers stop at each page (bench/RESULTS.md,
+            # session 19: 34 distinct adapters' runs 9.3 -> 7.9 ms).
+            self.lora_a = huge_pages.empty(
+                (max_loras, n * max_rank, base.in_features), dtype
+            ).zero_()
             # Stored [max_loras, n * max_rank, out_features] and seen transposed: the CPU path's
             # B operands (one slot's columns, a range of slots) are then views, never copies.
-            self.lora_b = torch.zeros(
-                max_loras, n * max_rank, base.out_features, dtype=dtype, device=device
-            ).transpose(1, 2)
+            self.lora_b = (
+                huge_pages.empty((max_loras, n * max_rank, base.out_features), dtype)
+                .zero_()
+                .transpose(1, 2)
+            )
         else:
+            self.lora_a = torch.zeros(
+                max_loras, n * max_rank, base.in_features, dtype=dtype, device=device
+            )
             self.lora_b = torch.zeros(
                 max_loras, base.out_features, n * max_rank, dtype=dtype, device=device
             )

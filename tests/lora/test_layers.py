@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from kernels import huge_pages
 from kernels.cpu_gathered import compiled_gathered_rows, gathered_rows
 from kernels.cpu_native import NativeBuildError, native_rows
 from lora.adapter_format import PeftLoraConfig
@@ -124,6 +125,22 @@ def test_batch_without_adapters_runs_no_lora_op(monkeypatch: pytest.MonkeyPatch)
             device=torch.device("cpu"),
         )  # fmt: skip
         layers[0].mlp.down(torch.randn(3, 48))
+
+
+def test_cpu_stacks_start_zeroed_and_large_ones_on_huge_page_boundaries():
+    # A pool past 2 MiB a stack is mapped for huge pages (kernels/huge_pages.py, tested there):
+    # 2 MiB-aligned, which torch's allocator does not give. Small stacks are plain tensors.
+    big = LoRALayers([Layer()], LAYOUT, DIMS, max_loras=2048, max_rank=MAX_RANK)
+    small = LoRALayers([Layer()], LAYOUT, DIMS, max_loras=2, max_rank=MAX_RANK)
+    for layers, aligned in ((big, True), (small, False)):
+        for _, wrapper in layers.wrappers:
+            stacks = (wrapper.lora_a, wrapper.lora_b)
+            assert all(not t.any() for t in stacks)
+            assert wrapper.lora_a.is_contiguous() and wrapper.lora_b.transpose(1, 2).is_contiguous()
+            if aligned:
+                assert all(t.data_ptr() % huge_pages.HUGE_PAGE == 0 for t in stacks)
+    big.set_slot(2047, adapter(3, 8, {"q_proj": 8, "down_proj": 4}))  # the last slot is usable
+    assert any(w.lora_a[2047].any() for _, w in big.wrappers)
 
 
 def test_wrapping_checks_the_layout():
