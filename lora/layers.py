@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -107,6 +107,8 @@ class LoRALinear(nn.Module):
         # slot -> does its adapter target any sub-projection here (host side, so a batch whose
         # adapters all skip this projection launches nothing for it)
         self.targets = [False] * max_loras
+        # views of the stacks set_slot writes through, by (slot, ...): see _view
+        self._views: dict[tuple[object, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, in_features]
         # The base may be an nn.Linear or its packed form (engine/packed_linear.py).
@@ -147,11 +149,18 @@ class LoRALinear(nn.Module):
                 found.append((part, meta))
         return found
 
-    def set_slot(self, slot: int, layer: int, adapter: LoadedAdapter | None) -> None:
-        """Write (or clear) one slot's weights for every sub-projection of this wrapper."""
-        a_slot, b_slot = self.lora_a[slot], self.lora_b[slot]
-        a_slot.zero_()
-        b_slot.zero_()
+    def slot_writes(
+        self, slot: int, layer: int, adapter: LoadedAdapter | None, writes: SlotWrites
+    ) -> None:
+        """Add to `writes` what sets one slot of this wrapper (every sub-projection) to
+        `adapter`'s weights of `layer`, or clears it (None)."""
+        # Views made once (self._views): making one is a torch call, which hands the GIL to
+        # any thread that wants it (see SlotWrites).
+        whole = self._views.get(("slot", slot))
+        if whole is None:
+            whole = self._views[("slot", slot)] = (self.lora_a[slot], self.lora_b[slot])
+        a_slot, b_slot = whole
+        writes.zeros += whole
         self.targets[slot] = False
         if adapter is None:
             return
@@ -161,11 +170,42 @@ class LoRALinear(nn.Module):
             if weights is None:
                 continue
             rank = weights.rank
-            non_blocking = weights.lora_a.is_pinned()
-            a_slot[i * r : i * r + rank].copy_(weights.lora_a, non_blocking=non_blocking)
-            columns = b_slot[sub.offset : sub.offset + sub.width, i * r : i * r + rank]
-            columns.copy_(weights.lora_b, non_blocking=non_blocking)  # [width, rank]
+            key = (slot, i, r, rank)
+            views = self._views.get(key)
+            if views is None:
+                views = self._views[key] = (
+                    a_slot[i * r : i * r + rank],
+                    b_slot[sub.offset : sub.offset + sub.width, i * r : i * r + rank],
+                )
+            writes.add(views[0], weights.lora_a)  # [rank, in_features]
+            writes.add(views[1], weights.lora_b)  # [width, rank]
             self.targets[slot] = True
+
+
+@dataclass
+class SlotWrites:
+    """A slot's writes over every wrapper, run as two calls (torch's foreach ops take a list
+    each). Why: one torch call per tensor was ~200 calls an activation, and each hands the GIL
+    to whatever thread wants it; while the adapter reader thread was reading, the engine loop
+    waited for it at each, and an activation took ~14 ms on the loop against ~2 ms alone
+    (bench/RESULTS.md, session 19)."""
+
+    zeros: list[torch.Tensor] = field(default_factory=list)
+    targets: list[torch.Tensor] = field(default_factory=list)
+    sources: list[torch.Tensor] = field(default_factory=list)
+    non_blocking: bool = False  # pinned sources: the copies may run asynchronously on CUDA
+
+    def add(self, target: torch.Tensor, source: torch.Tensor) -> None:
+        self.targets.append(target)
+        self.sources.append(source)
+        self.non_blocking = self.non_blocking or source.is_pinned()
+
+    def run(self) -> None:
+        """The zeros first: the copies overwrite parts of them."""
+        if self.zeros:
+            torch._foreach_zero_(self.zeros)
+        if self.targets:
+            torch._foreach_copy_(self.targets, self.sources, non_blocking=self.non_blocking)
 
 
 def _sub_projections(modules: Sequence[str], dims: BaseModelDims) -> list[SubProjection]:
@@ -264,5 +304,7 @@ class LoRALayers:
     def set_slot(self, slot: int, adapter: LoadedAdapter | None) -> None:
         if adapter is not None and adapter.rank > self.max_rank:
             raise ValueError(f"adapter rank {adapter.rank} exceeds max_lora_rank {self.max_rank}")
+        writes = SlotWrites()
         for layer_index, wrapper in self.wrappers:
-            wrapper.set_slot(slot, layer_index, adapter)
+            wrapper.slot_writes(slot, layer_index, adapter, writes)
+        writes.run()

@@ -104,6 +104,27 @@ def test_fused_wrapper_adds_each_tokens_own_delta(split_forms: bool):
         torch.testing.assert_close(layers[0].attn.qkv(x[:2]), bases[0][0](x[:2]))
 
 
+def test_a_slot_written_again_holds_exactly_the_new_adapter():
+    # Slot 1 holds a rank-8 adapter, then a rank-4 one of other modules: every value the first
+    # wrote and the second does not is zero again, as in a pool that only ever held the second.
+    first = adapter(1, 8, {"q_proj": 8, "k_proj": 4, "v_proj": 8, "down_proj": 2})
+    second = adapter(2, 4, {"k_proj": 4, "down_proj": 3})
+    reused = LoRALayers([Layer(), Layer()], LAYOUT, DIMS, max_loras=2, max_rank=MAX_RANK)
+    fresh = LoRALayers([Layer(), Layer()], LAYOUT, DIMS, max_loras=2, max_rank=MAX_RANK)
+    reused.set_slot(1, first)
+    reused.set_slot(0, first)
+    reused.set_slot(1, second)
+    fresh.set_slot(0, first)
+    fresh.set_slot(1, second)
+    for (_, a), (_, b) in zip(reused.wrappers, fresh.wrappers, strict=True):
+        assert torch.equal(a.lora_a, b.lora_a) and torch.equal(a.lora_b, b.lora_b)
+        assert a.targets == b.targets
+    reused.set_slot(1, None)
+    for _, wrapper in reused.wrappers:
+        assert not wrapper.lora_a[1].any() and not wrapper.lora_b[1].any()
+        assert wrapper.targets[1] is False
+
+
 def test_batch_without_adapters_runs_no_lora_op(monkeypatch: pytest.MonkeyPatch):
     assert build_lora_batch(
         [NO_SLOT, NO_SLOT], [1, 5], num_decodes=1, slot_ranks=[8], max_rank=8, max_fused=3,
