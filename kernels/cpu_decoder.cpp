@@ -26,15 +26,31 @@
 // (kernels/cpu_lora_runs.h, as lora_add_cpu does eager) where some row's adapter targets it;
 // the gate/up projection's before its SiLU, so there the matmul, its outputs put back in
 // [gate | up] order, the delta and silu_mul run as four steps, as the eager path runs them.
+//
+// There each targeted projection's matmul also asks for the adapter stacks its LoRA runs
+// read next (a few hundred KB a distinct adapter: see lora_spans), a line at a time as its
+// tiles compute (cpu_dot_tile.h's SpanStream). Why: with many adapters in a step the runs
+// wait on memory (34 rows of 34 rank-16 adapters: 177 MB of stacks, ~8 ms from memory against
+// ~3 from cache) while the matmuls before them leave memory half idle. Measured (session 19,
+// bench/RESULTS.md): such a decode step 1.5-2.3 ms faster in two runs of three.
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
+
+#include "cpu_dot_tile.h"
 
 namespace {
+
+using loragate::Span;
 
 using Matmul = void (*)(const void* x, int64_t rows, int64_t x_stride, int64_t k,
                         const void* packed, const void* bias, int64_t n, void* y,
                         int64_t y_stride, int threads);
+using MatmulSpans = void (*)(const void* x, int64_t rows, int64_t x_stride, int64_t k,
+                             const void* packed, const void* bias, int64_t n, void* y,
+                             int64_t y_stride, int threads, const Span* spans,
+                             int64_t num_spans);
 using AddRmsNorm = void (*)(const void* x, int64_t x_stride, void* residual,
                             int64_t residual_stride, int64_t add, const void* weight, void* out,
                             int64_t out_stride, int64_t rows, int64_t dim, float eps,
@@ -75,6 +91,9 @@ struct Entries {
     PagedDecode paged_decode;
     SiluMul silu_mul;
     LoraRuns lora_runs;  // null: no adapter step runs here
+    // The matmul that also asks for memory as it computes (kernels/cpu_matmul.cpp's
+    // matmul_spans_bf16); null: `matmul` alone, nothing asked for
+    MatmulSpans matmul_spans;
 };
 
 // One projection's adapter slot stacks (lora/layers.py): a [slots, n * rank, in_features],
@@ -177,6 +196,53 @@ void deinterleave(const char* mixed, char* out, int64_t rows, int64_t width, int
     }
 }
 
+// What the LoRA runs kernel reads for projection `p` of layer `l` this step (where
+// `targeted`): each distinct slot's A rows, then its B rows' sub-projection columns.
+void lora_spans(const Model& m, const Step& s, const Layer& layer, int64_t l, int p,
+                std::vector<Span>& out) {
+    out.clear();
+    if (!targeted(s, layer, l, p)) return;
+    const Lora& lora = layer.lora[p];
+    const int64_t es = m.element_size, n = lora.n;
+    const int32_t* ranks = s.slot_ranks[n - 1];
+    const auto push = [&](const char* begin, int64_t bytes) {
+        const char* first = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(begin) &
+                                                          ~uintptr_t{63});
+        out.push_back({first, (begin + bytes - first + 63) / 64});
+    };
+    int64_t last = -1;
+    for (int64_t g = 0; g < s.num_segments; g++) {
+        const int64_t slot = s.segments[3 * g + 2];
+        if (slot < 0 || slot == last) continue;
+        last = slot;
+        const int64_t r = ranks[slot] / n;
+        if (r <= 0) continue;
+        const int64_t first_row = slot * n * s.rank;
+        push(static_cast<const char*>(lora.a) + first_row * lora.in_features * es,
+             n * r * lora.in_features * es);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t k = 0; k < r; k++)
+                push(static_cast<const char*>(lora.b_rows) +
+                         ((first_row + i * r + k) * lora.out_features + lora.subs[2 * i]) * es,
+                     lora.subs[2 * i + 1] * es);
+    }
+}
+
+// y = x W^T (+ b) for projection `p` of layer `l`, asking for the stacks its LoRA runs read
+// right after (lora_spans) while it computes, where the step has some and the entry is there.
+void project(const Model& m, const Step& s, const Layer& layer, int64_t l, int p,
+             const Linear& w, const void* x, int64_t x_stride, void* y, int64_t y_stride,
+             int64_t threads, std::vector<Span>& spans) {
+    const Entries& e = m.entries;
+    lora_spans(m, s, layer, l, p, spans);
+    if (e.matmul_spans != nullptr && !spans.empty()) {
+        e.matmul_spans(x, s.rows, x_stride, w.k, w.packed, w.bias, w.n, y, y_stride,
+                       int(threads), spans.data(), static_cast<int64_t>(spans.size()));
+        return;
+    }
+    e.matmul(x, s.rows, x_stride, w.k, w.packed, w.bias, w.n, y, y_stride, int(threads));
+}
+
 }  // namespace
 
 // Runs every layer and the final norm; returns rope_kv's count of rows whose position or slot
@@ -188,13 +254,14 @@ int64_t decoder_forward(const Model* m, const Step* s, int64_t threads) {
     const int64_t qkv_width = q_size + 2 * kv_size;
     char* qkv = static_cast<char*>(s->qkv);
     int64_t bad = 0;
+    std::vector<Span> spans;  // lora_spans' list, reused
     for (int64_t l = 0; l < m->num_layers; l++) {
         const Layer& layer = m->layers[l];
         // layer 0 normalises the embeddings themselves (eager adds a zero hidden: exact)
         e.add_rms_norm(l == 0 ? s->residual : s->hidden, hidden, s->residual, hidden, l > 0,
                        layer.input_norm, s->normed, hidden, rows, hidden, m->eps, threads);
-        e.matmul(s->normed, rows, hidden, hidden, layer.qkv.packed, layer.qkv.bias,
-                 layer.qkv.n, qkv, qkv_width, int(threads));
+        project(*m, *s, layer, l, 0, layer.qkv, s->normed, hidden, qkv, qkv_width, threads,
+                spans);
         add_lora(*m, *s, layer, l, 0, s->normed, hidden, qkv, qkv_width, threads);
         void* k = qkv + q_size * m->element_size;
         void* v = qkv + (q_size + kv_size) * m->element_size;
@@ -205,8 +272,8 @@ int64_t decoder_forward(const Model* m, const Step* s, int64_t threads) {
         e.paged_decode(qkv, qkv_width, hd, layer.k_cache, layer.v_cache, m->num_slots, s->tables,
                        s->table_stride, s->lengths, s->attn, rows, m->num_heads, m->kv_heads, hd,
                        m->block_size, m->scale, threads);
-        e.matmul(s->attn, rows, q_size, q_size, layer.o.packed, layer.o.bias, layer.o.n,
-                 s->hidden, hidden, int(threads));
+        project(*m, *s, layer, l, 1, layer.o, s->attn, q_size, s->hidden, hidden, threads,
+                spans);
         add_lora(*m, *s, layer, l, 1, s->attn, q_size, s->hidden, hidden, threads);
         e.add_rms_norm(s->hidden, hidden, s->residual, hidden, 1, layer.post_norm, s->normed,
                        hidden, rows, hidden, m->eps, threads);
@@ -214,8 +281,8 @@ int64_t decoder_forward(const Model* m, const Step* s, int64_t threads) {
         if (targeted(*s, layer, l, 2)) {
             // a delta comes before the SiLU: the matmul, its outputs in order, the delta, then
             // silu_mul (what the fused pass computes, in two steps)
-            e.matmul(s->normed, rows, hidden, hidden, layer.gate_up.packed, layer.gate_up.bias,
-                     layer.gate_up.n, s->gate_up_mixed, 2 * inter, int(threads));
+            project(*m, *s, layer, l, 2, layer.gate_up, s->normed, hidden, s->gate_up_mixed,
+                    2 * inter, threads, spans);
             deinterleave(static_cast<const char*>(s->gate_up_mixed),
                          static_cast<char*>(s->gate_up), rows, inter, m->element_size);
             add_lora(*m, *s, layer, l, 2, s->normed, hidden, s->gate_up, 2 * inter, threads);
@@ -224,8 +291,8 @@ int64_t decoder_forward(const Model* m, const Step* s, int64_t threads) {
             e.matmul_silu(s->normed, rows, hidden, hidden, layer.gate_up.packed,
                           layer.gate_up.bias, layer.gate_up.n, s->act, inter, int(threads));
         }
-        e.matmul(s->act, rows, inter, inter, layer.down.packed, layer.down.bias, layer.down.n,
-                 s->hidden, hidden, int(threads));
+        project(*m, *s, layer, l, 3, layer.down, s->act, inter, s->hidden, hidden, threads,
+                spans);
         add_lora(*m, *s, layer, l, 3, s->act, inter, s->hidden, hidden, threads);
     }
     e.add_rms_norm(s->hidden, hidden, s->residual, hidden, 1, m->final_norm, s->out, hidden, rows,

@@ -32,7 +32,7 @@ class _Entries(ctypes.Structure):
         (name, _P)
         for name in (
             "matmul", "matmul_silu", "add_rms_norm", "rope_kv", "paged_decode", "silu_mul",
-            "lora_runs",
+            "lora_runs", "matmul_spans",
         )
     ]  # fmt: skip
 
@@ -189,9 +189,11 @@ class NativeDecoder:
         layer_library: Path,
         attention_library: Path,
         rows_library: Path | None = None,
+        prefetch: bool = True,
     ):
         """`rows_library`: the LoRA runs kernel's (kernels/cpu_native.py), for adapter steps;
-        None: `forward` takes none."""
+        None: `forward` takes none. `prefetch`: in adapter steps, the matmuls ask for the
+        stacks the LoRA runs read next (kernels/cpu_decoder.cpp); False for comparisons."""
         self.model = model  # keeps every tensor the C side points at alive
         self.dtype = model.final_norm.dtype
         if self.dtype not in _SUFFIX:
@@ -205,8 +207,13 @@ class NativeDecoder:
             entry_address(attention_library, f"paged_decode_{suffix}"),
             entry_address(layer_library, f"silu_mul_{suffix}"),
             None if rows_library is None else entry_address(rows_library, "lora_runs_bf16"),
+            # bf16 only: the vdpbf16ps path asks for memory as it computes (float32's does not)
+            entry_address(matmul_library, "matmul_spans_bf16")
+            if suffix == "bf16" and prefetch
+            else None,
         )
         self.takes_lora = rows_library is not None
+        self.prefetches_stacks = bool(entries.matmul_spans)  # adapter steps ask ahead
         self._layers = (_Layer * len(model.layers))(*(self._layer(layer) for layer in model.layers))
         first = model.layers[0]
         self.hidden = first.input_norm.shape[0]

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -22,15 +22,39 @@ constexpr int kDotRows = 6;       // rows per tile, at most
 // How far ahead of the loads the prefetch runs, in bf16 values: 16 pairs of the block (8 KB).
 constexpr int64_t kDotPrefetch = 16 * 2 * kDotCols;
 
+// Memory a kernel asks for while it computes, for a later kernel (kernels/cpu_decoder.cpp:
+// the next layer's K/V blocks, adapter stacks): spans of whole cache lines, asked for (to L2)
+// a line at a time by `ask`, so the misses spread over the compute instead of queueing at once.
+struct Span {
+    const char* begin;  // 64-byte aligned
+    int64_t lines;
+};
+
+struct SpanStream {
+    const Span* span = nullptr;  // the current span; == end: nothing left
+    const Span* end = nullptr;
+    int64_t line = 0;  // lines of *span asked for
+
+    bool done() const { return span == end; }
+#if defined(__AVX512F__) || defined(__AVX2__)
+    inline void ask() {
+        _mm_prefetch(span->begin + 64 * line, _MM_HINT_T1);
+        if (++line == span->lines) line = 0, ++span;
+    }
+#endif
+};
+
 #if defined(__AVX512BF16__)
 
 // Every loop over acc is unrolled so its indices are constants: GCC then keeps acc in
 // registers (with one loop left rolled it stored all 24 to the stack every step, 2.4x slower).
 // `ahead`: `ahead_lines` cache lines from there asked for (to L2) over the tile's steps, spread
-// evenly (the caller's next block, a slice a tile: see cpu_matmul.cpp's block_rows).
+// evenly (the caller's next block, a slice a tile: see cpu_matmul.cpp's block_rows); and
+// `extra_lines` lines of `extra` the same way (none where it is null).
 template <int M>
 inline void dot_tile(const uint16_t* x, int64_t x_stride, int64_t k, const uint16_t* w,
-                     float (*sums)[kDotCols], const char* ahead, int64_t ahead_lines) {
+                     float (*sums)[kDotCols], const char* ahead, int64_t ahead_lines,
+                     SpanStream* extra, int64_t extra_lines) {
     static_assert(M >= 1 && M <= kDotRows);
     __m512 acc[M][4];
 #pragma GCC unroll 6
@@ -40,11 +64,14 @@ inline void dot_tile(const uint16_t* x, int64_t x_stride, int64_t k, const uint1
     // lines asked for a step: ahead_lines over the k / 2 steps, rounded up
     const int64_t per_step = ahead_lines > 0 ? (ahead_lines + k / 2 - 1) / (k / 2) : 0;
     const char* const ahead_end = ahead + 64 * ahead_lines;
+    const int64_t extra_step = extra_lines > 0 ? (extra_lines + k / 2 - 1) / (k / 2) : 0;
     for (int64_t p = 0; p < k / 2; p++, w += 2 * kDotCols) {
         _mm_prefetch(reinterpret_cast<const char*>(w + kDotPrefetch), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(w + kDotPrefetch + kDotCols), _MM_HINT_T0);
         for (int64_t j = 0; j < per_step && ahead < ahead_end; j++, ahead += 64)
             _mm_prefetch(ahead, _MM_HINT_T1);
+        for (int64_t j = 0; j < extra_step && extra_lines > 0 && !extra->done(); j++)
+            extra->ask(), extra_lines--;
         const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w);
         const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + 32);
         const __m512bh w2 = (__m512bh)_mm512_loadu_si512(w + 64);
@@ -73,14 +100,16 @@ __attribute__((noinline)) inline void dot_rows(int rows, const uint16_t* x, int6
                                                int64_t k, const uint16_t* w,
                                                float (*sums)[kDotCols],
                                                const char* ahead = nullptr,
-                                               int64_t ahead_lines = 0) {
+                                               int64_t ahead_lines = 0,
+                                               SpanStream* extra = nullptr,
+                                               int64_t extra_lines = 0) {
     switch (rows) {
-        case 1: return dot_tile<1>(x, x_stride, k, w, sums, ahead, ahead_lines);
-        case 2: return dot_tile<2>(x, x_stride, k, w, sums, ahead, ahead_lines);
-        case 3: return dot_tile<3>(x, x_stride, k, w, sums, ahead, ahead_lines);
-        case 4: return dot_tile<4>(x, x_stride, k, w, sums, ahead, ahead_lines);
-        case 5: return dot_tile<5>(x, x_stride, k, w, sums, ahead, ahead_lines);
-        default: return dot_tile<6>(x, x_stride, k, w, sums, ahead, ahead_lines);
+        case 1: return dot_tile<1>(x, x_stride, k, w, sums, ahead, ahead_lines, extra, extra_lines);
+        case 2: return dot_tile<2>(x, x_stride, k, w, sums, ahead, ahead_lines, extra, extra_lines);
+        case 3: return dot_tile<3>(x, x_stride, k, w, sums, ahead, ahead_lines, extra, extra_lines);
+        case 4: return dot_tile<4>(x, x_stride, k, w, sums, ahead, ahead_lines, extra, extra_lines);
+        case 5: return dot_tile<5>(x, x_stride, k, w, sums, ahead, ahead_lines, extra, extra_lines);
+        default: return dot_tile<6>(x, x_stride, k, w, sums, ahead, ahead_lines, extra, extra_lines);
     }
 }
 

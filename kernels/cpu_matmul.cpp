@@ -63,10 +63,30 @@ constexpr int64_t kChunk = 96;  // rows per work item: a block's panel reused 16
 // much in L2. Session 16, the small
 // model's projections at 64 rows: 384 -> 400 GFLOP/s (of 467 peak); at 8 rows, with the whole
 // next block asked for by the 2-row second tile, 25% slower: hence the cap.
+//
+// `extra` (a later kernel's memory: see cpu_dot_tile.h's SpanStream): each tile asks for its
+// share of the thread's `extra_left` lines over its `tiles_left` tiles, at most a line a step
+// (fewer for fewer rows), whatever `next` asks for beside it.
+struct Extra {
+    loragate::SpanStream stream;
+    int64_t lines_left = 0;
+    int64_t tiles_left = 0;
+
+    // Lines the next tile of `rows` rows asks for over its k / 2 steps.
+    int64_t quota(int64_t rows, int64_t k) {
+        if (lines_left <= 0 || tiles_left <= 0) return 0;
+        const int64_t share = (lines_left + tiles_left - 1) / tiles_left;
+        const int64_t lines = std::min(share, std::max<int64_t>(1, k / 2 * rows / loragate::kDotRows));
+        lines_left -= lines;
+        tiles_left--;
+        return lines;
+    }
+};
+
 template <bool Silu>
 void block_rows(const uint16_t* x, int64_t x_stride, int64_t first, int64_t last, int64_t k,
                 const uint16_t* w, const uint16_t* next, const BFloat16* bias, BFloat16* y,
-                int64_t y_stride, int64_t cols) {
+                int64_t y_stride, int64_t cols, Extra& extra) {
     float sums[loragate::kDotRows][kDotCols];
     float b[kDotCols];
     load_bias(bias, cols, b);
@@ -84,7 +104,8 @@ void block_rows(const uint16_t* x, int64_t x_stride, int64_t first, int64_t last
             ahead = reinterpret_cast<const char*>(next) + 64 * asked;
             asked += lines;
         }
-        loragate::dot_rows(rows, x + r * x_stride, x_stride, k, w, sums, ahead, lines);
+        loragate::dot_rows(rows, x + r * x_stride, x_stride, k, w, sums, ahead, lines,
+                           &extra.stream, extra.quota(rows, k));
         write_rows<Silu, BFloat16>(sums, rows, b, y + r * y_stride, y_stride, cols);
     }
 }
@@ -207,7 +228,8 @@ void pack(const T* w, int64_t n, int64_t k, int64_t tile_cols, int64_t group, T*
 
 template <bool Silu>
 void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const uint16_t* packed,
-            const uint16_t* bias16, int64_t n, uint16_t* y16, int64_t y_stride, int threads) {
+            const uint16_t* bias16, int64_t n, uint16_t* y16, int64_t y_stride, int threads,
+            const loragate::Span* spans, int64_t num_spans) {
     const auto* bias = reinterpret_cast<const BFloat16*>(bias16);
     auto* y = reinterpret_cast<BFloat16*>(y16);
 #if defined(__AVX512BF16__)
@@ -228,6 +250,18 @@ void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const 
     {
         const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
         const int64_t begin = t * items / team, end = (t + 1) * items / team;
+        Extra extra;  // this thread's share of the spans, by count
+        if (num_spans > 0) {
+            extra.stream.span = spans + t * num_spans / team;
+            extra.stream.end = spans + (t + 1) * num_spans / team;
+            for (const loragate::Span* p = extra.stream.span; p != extra.stream.end; p++)
+                extra.lines_left += p->lines;
+            for (int64_t item = begin; item < end; item++) {
+                const int64_t first = (item % chunks) * kChunk;
+                extra.tiles_left += (std::min(rows, first + kChunk) - first + loragate::kDotRows - 1) /
+                                    loragate::kDotRows;
+            }
+        }
         for (int64_t item = begin; item < end; item++) {
             const int64_t b = item / chunks, first = (item % chunks) * kChunk;
             const bool next_block = item + 1 < end && (item + 1) % chunks == 0;
@@ -235,7 +269,7 @@ void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const 
             block_rows<Silu>(x, x_stride, first, std::min(rows, first + kChunk), k, block,
                              next_block ? block + block_values : nullptr,
                              bias != nullptr ? bias + b * kDotCols : nullptr, y + b * out_cols,
-                             y_stride, std::min(kDotCols, n - b * kDotCols));
+                             y_stride, std::min(kDotCols, n - b * kDotCols), extra);
         }
     }
 #elif LORAGATE_FMA_BF16
@@ -245,6 +279,7 @@ void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const 
     (void)x, (void)rows, (void)x_stride, (void)k, (void)packed, (void)bias, (void)n, (void)y,
         (void)y_stride, (void)threads;
 #endif
+    (void)spans, (void)num_spans;  // asked for on the vdpbf16ps path only
 }
 
 template <bool Silu>
@@ -303,7 +338,7 @@ int matmul_tiled(int64_t k) { return tiled(k) ? 1 : 0; }
 void matmul_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k,
                  const uint16_t* packed, const uint16_t* bias, int64_t n, uint16_t* y,
                  int64_t y_stride, int threads) {
-    matmul<false>(x, rows, x_stride, k, packed, bias, n, y, y_stride, threads);
+    matmul<false>(x, rows, x_stride, k, packed, bias, n, y, y_stride, threads, nullptr, 0);
 }
 
 // A fused gate/up projection and the SiLU after it: the weight (and bias) packed from rows
@@ -312,7 +347,16 @@ void matmul_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k,
 void matmul_silu_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k,
                       const uint16_t* packed, const uint16_t* bias, int64_t n, uint16_t* y,
                       int64_t y_stride, int threads) {
-    matmul<true>(x, rows, x_stride, k, packed, bias, n, y, y_stride, threads);
+    matmul<true>(x, rows, x_stride, k, packed, bias, n, y, y_stride, threads, nullptr, 0);
+}
+
+// matmul_bf16 that also asks for `spans` (cpu_dot_tile.h's Span, num_spans of them) while it
+// computes, for the kernel that reads them next (kernels/cpu_decoder.cpp: the LoRA runs).
+void matmul_spans_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k,
+                       const uint16_t* packed, const uint16_t* bias, int64_t n, uint16_t* y,
+                       int64_t y_stride, int threads, const void* spans, int64_t num_spans) {
+    matmul<false>(x, rows, x_stride, k, packed, bias, n, y, y_stride, threads,
+                  static_cast<const loragate::Span*>(spans), num_spans);
 }
 
 // The float32 forms of the two above, over matmul_pack_f32's layout.

@@ -198,6 +198,8 @@ def test_adapter_steps_equal_the_eager_steps_bit_for_bit(
             engine.lora.add(name, str(path))
         step = engine.runner.native_step
         assert (step is not None and step.takes_lora) == native
+        # the matmuls ask for the runs' stacks as they compute (values untouched: asserted below)
+        assert step is None or step.decoder.prefetches_stacks
         steps = _count_native_steps(engine)
         logits = capture_step_logits(engine)
         for i, prompt in enumerate(prompts):

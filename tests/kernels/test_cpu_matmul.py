@@ -10,6 +10,7 @@ runs; on an AVX-512 CPU a build without AVX-512 checks it."""
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 
 from kernels.cpu_layer import native_layer
 from kernels.cpu_matmul import (
+    EXTRA_FLAGS,
     SOURCE,
     NativeMatmul,
     deinterleave_gate_up,
@@ -103,6 +105,38 @@ def test_any_thread_count_gives_the_same_bits(rows: int) -> None:
     _within_a_bf16_step(outs[1], exact)
     for threads, y in outs.items():
         assert torch.equal(y, outs[1]), threads
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("rows", [1, 7, 64])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_asking_for_spans_changes_no_value(rows: int, threads: int) -> None:
+    """matmul_spans_bf16 (the native decode step's, kernels/cpu_decoder.cpp): the tiles also ask
+    for memory a later kernel reads (more or fewer lines than the tiles can ask for, spans of
+    odd sizes); the outputs are matmul_bf16's, bit for bit."""
+    x, w, b, exact = _case(rows, 1280, 768, bias=True, seed=5)
+    packed = KERNEL.pack(w)
+    entry = ctypes.CDLL(str(build(source=SOURCE, extra_flags=EXTRA_FLAGS))).matmul_spans_bf16
+    p, i = ctypes.c_void_p, ctypes.c_int64
+    entry.argtypes, entry.restype = [p, i, i, i, p, p, i, p, i, ctypes.c_int, p, i], None
+    memory = torch.zeros(3 << 20, dtype=torch.uint8)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        plain = KERNEL(x, packed, 1280, b)
+        for lines in (1, 3, 700):  # a span's lines; 700 x 64 spans is more than the tiles ask for
+            count = min(64, memory.numel() // (64 * lines))
+            spans = torch.tensor(
+                [[memory.data_ptr() + 64 * lines * j, lines] for j in range(count)],
+                dtype=torch.int64,
+            )
+            y = torch.empty(rows, 1280, dtype=torch.bfloat16)
+            entry(x.data_ptr(), rows, x.stride(0), 768, packed.data_ptr(), b.data_ptr(), 1280,
+                  y.data_ptr(), y.stride(0), threads, spans.data_ptr(), count)  # fmt: skip
+            assert torch.equal(y, plain), lines
+    finally:
+        torch.set_num_threads(before)
+    _within_a_bf16_step(plain, exact)
 
 
 @needs_bf16_dot
