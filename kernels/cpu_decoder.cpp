@@ -32,7 +32,7 @@
 // tiles compute (cpu_dot_tile.h's SpanStream). Why: with many adapters in a step the runs
 // wait on memory (34 rows of 34 rank-16 adapters: 177 MB of stacks, ~8 ms from memory against
 // ~3 from cache) while the matmuls before them leave memory half idle. Measured (session 19,
-// bench/RESULTS.md): such a decode step 1.5-2.3 ms faster in two runs of three.
+// bench/RESULTS.md): such a decode step 1.5-2.6 ms faster in three runs of four.
 
 #include <cstdint>
 #include <cstring>
