@@ -210,7 +210,7 @@ void lora_spans(const Model& m, const Step& s, const Layer& layer, int64_t l, in
                                                           ~uintptr_t{63});
         out.push_back({first, (begin + bytes - first + 63) / 64});
     };
-    int64_t last = -1;
+    int64_t last = -1;  // the rows come sorted by slot: a slot's runs are adjacent
     for (int64_t g = 0; g < s.num_segments; g++) {
         const int64_t slot = s.segments[3 * g + 2];
         if (slot < 0 || slot == last) continue;

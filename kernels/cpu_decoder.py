@@ -189,11 +189,9 @@ class NativeDecoder:
         layer_library: Path,
         attention_library: Path,
         rows_library: Path | None = None,
-        prefetch: bool = True,
     ):
         """`rows_library`: the LoRA runs kernel's (kernels/cpu_native.py), for adapter steps;
-        None: `forward` takes none. `prefetch`: in adapter steps, the matmuls ask for the
-        stacks the LoRA runs read next (kernels/cpu_decoder.cpp); False for comparisons."""
+        None: `forward` takes none."""
         self.model = model  # keeps every tensor the C side points at alive
         self.dtype = model.final_norm.dtype
         if self.dtype not in _SUFFIX:
@@ -207,10 +205,9 @@ class NativeDecoder:
             entry_address(attention_library, f"paged_decode_{suffix}"),
             entry_address(layer_library, f"silu_mul_{suffix}"),
             None if rows_library is None else entry_address(rows_library, "lora_runs_bf16"),
-            # bf16 only: the vdpbf16ps path asks for memory as it computes (float32's does not)
-            entry_address(matmul_library, "matmul_spans_bf16")
-            if suffix == "bf16" and prefetch
-            else None,
+            # in adapter steps the matmuls ask for the stacks the LoRA runs read next
+            # (kernels/cpu_decoder.cpp); bf16 only: the float32 path asks for nothing
+            entry_address(matmul_library, "matmul_spans_bf16") if suffix == "bf16" else None,
         )
         self.takes_lora = rows_library is not None
         self.prefetches_stacks = bool(entries.matmul_spans)  # adapter steps ask ahead

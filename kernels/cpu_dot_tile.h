@@ -23,8 +23,8 @@ constexpr int kDotRows = 6;       // rows per tile, at most
 constexpr int64_t kDotPrefetch = 16 * 2 * kDotCols;
 
 // Memory a kernel asks for while it computes, for a later kernel (kernels/cpu_decoder.cpp:
-// the next layer's K/V blocks, adapter stacks): spans of whole cache lines, asked for (to L2)
-// a line at a time by `ask`, so the misses spread over the compute instead of queueing at once.
+// the adapter stacks its LoRA runs read): spans of whole cache lines, asked for (to L2) a line
+// at a time by `ask`, so the misses spread over the compute instead of queueing at once.
 struct Span {
     const char* begin;  // 64-byte aligned
     int64_t lines;

@@ -64,10 +64,10 @@ constexpr int64_t kChunk = 96;  // rows per work item: a block's panel reused 16
 // model's projections at 64 rows: 384 -> 400 GFLOP/s (of 467 peak); at 8 rows, with the whole
 // next block asked for by the 2-row second tile, 25% slower: hence the cap.
 //
-// `extra` (a later kernel's memory: see cpu_dot_tile.h's SpanStream): each tile asks for its
-// share of the thread's `extra_left` lines over its `tiles_left` tiles, at most a line a step
+// `spans` (a later kernel's memory: see cpu_dot_tile.h's SpanStream): each tile asks for its
+// share of the thread's `lines_left` lines over its `tiles_left` tiles, at most a line a step
 // (fewer for fewer rows), whatever `next` asks for beside it.
-struct Extra {
+struct SpanShare {
     loragate::SpanStream stream;
     int64_t lines_left = 0;
     int64_t tiles_left = 0;
@@ -76,7 +76,8 @@ struct Extra {
     int64_t quota(int64_t rows, int64_t k) {
         if (lines_left <= 0 || tiles_left <= 0) return 0;
         const int64_t share = (lines_left + tiles_left - 1) / tiles_left;
-        const int64_t lines = std::min(share, std::max<int64_t>(1, k / 2 * rows / loragate::kDotRows));
+        const int64_t cap = std::max<int64_t>(1, k / 2 * rows / loragate::kDotRows);
+        const int64_t lines = std::min(share, cap);
         lines_left -= lines;
         tiles_left--;
         return lines;
@@ -86,7 +87,7 @@ struct Extra {
 template <bool Silu>
 void block_rows(const uint16_t* x, int64_t x_stride, int64_t first, int64_t last, int64_t k,
                 const uint16_t* w, const uint16_t* next, const BFloat16* bias, BFloat16* y,
-                int64_t y_stride, int64_t cols, Extra& extra) {
+                int64_t y_stride, int64_t cols, SpanShare& spans) {
     float sums[loragate::kDotRows][kDotCols];
     float b[kDotCols];
     load_bias(bias, cols, b);
@@ -105,7 +106,7 @@ void block_rows(const uint16_t* x, int64_t x_stride, int64_t first, int64_t last
             asked += lines;
         }
         loragate::dot_rows(rows, x + r * x_stride, x_stride, k, w, sums, ahead, lines,
-                           &extra.stream, extra.quota(rows, k));
+                           &spans.stream, spans.quota(rows, k));
         write_rows<Silu, BFloat16>(sums, rows, b, y + r * y_stride, y_stride, cols);
     }
 }
@@ -250,16 +251,16 @@ void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const 
     {
         const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
         const int64_t begin = t * items / team, end = (t + 1) * items / team;
-        Extra extra;  // this thread's share of the spans, by count
+        SpanShare share;  // this thread's share of the spans, by count
         if (num_spans > 0) {
-            extra.stream.span = spans + t * num_spans / team;
-            extra.stream.end = spans + (t + 1) * num_spans / team;
-            for (const loragate::Span* p = extra.stream.span; p != extra.stream.end; p++)
-                extra.lines_left += p->lines;
+            share.stream.span = spans + t * num_spans / team;
+            share.stream.end = spans + (t + 1) * num_spans / team;
+            for (const loragate::Span* p = share.stream.span; p != share.stream.end; p++)
+                share.lines_left += p->lines;
             for (int64_t item = begin; item < end; item++) {
                 const int64_t first = (item % chunks) * kChunk;
-                extra.tiles_left += (std::min(rows, first + kChunk) - first + loragate::kDotRows - 1) /
-                                    loragate::kDotRows;
+                const int64_t item_rows = std::min(rows, first + kChunk) - first;
+                share.tiles_left += (item_rows + loragate::kDotRows - 1) / loragate::kDotRows;
             }
         }
         for (int64_t item = begin; item < end; item++) {
@@ -269,7 +270,7 @@ void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const 
             block_rows<Silu>(x, x_stride, first, std::min(rows, first + kChunk), k, block,
                              next_block ? block + block_values : nullptr,
                              bias != nullptr ? bias + b * kDotCols : nullptr, y + b * out_cols,
-                             y_stride, std::min(kDotCols, n - b * kDotCols), extra);
+                             y_stride, std::min(kDotCols, n - b * kDotCols), share);
         }
     }
 #elif LORAGATE_FMA_BF16

@@ -107,7 +107,7 @@ class LoRALinear(nn.Module):
         # slot -> does its adapter target any sub-projection here (host side, so a batch whose
         # adapters all skip this projection launches nothing for it)
         self.targets = [False] * max_loras
-        # views of the stacks set_slot writes through, by (slot, ...): see _view
+        # views of the stacks set_slot writes through, by (slot, ...): see slot_writes
         self._views: dict[tuple[object, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, in_features]
