@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import dtype_ratios
 import engine_run
 import hf_baseline
 import torch
@@ -31,7 +31,7 @@ import vllm_offline
 from flops import FlopCount, FlopModel, MatmulPeak, measure_matmul_peak
 from measurement import SystemResult
 from plan import FULL, QUICK, WARMUP, Plan, ensure_model
-from report import Row, format_table, load_average, write_record
+from report import Row, format_table, load_average, system_row, warn_if_busy, write_record
 from workload import BenchRequest, make_workload, summarize, token_pool
 
 from engine.models.hf_config import load_model_config
@@ -264,13 +264,15 @@ def measure(
                 **{name: r.tokens_per_s for name, r in runs.vllm.items()},
             }
             num_rounds = len(runs.rounds["loragate"])
-            rows.append(_row(spec.name, run.result, best,
+            rows.append(system_row(spec.name, run.result, best,
                              f"max_num_seqs={settings.max_num_seqs}", num_rounds))  # fmt: skip
             rows.extend(
-                _row(spec.name, r, best, f"max_num_seqs={r.batch_size}", num_rounds)
+                system_row(spec.name, r, best, f"max_num_seqs={r.batch_size}", num_rounds)
                 for r in runs.vllm.values()
             )
-            rows.extend(_row(spec.name, r, best, str(r.batch_size)) for r in runs.transformers)
+            rows.extend(
+                system_row(spec.name, r, best, str(r.batch_size)) for r in runs.transformers
+            )
             cells[spec.name] = {
                 "spec": asdict(spec),
                 "summary": summarize(requests),
@@ -304,7 +306,7 @@ def measure(
         flush=True,
     )
     return {
-        "ratios": _ratios(tokens_per_s),
+        "ratios": dtype_ratios.ratios(tokens_per_s),
         "baseline_dtype": baseline,
         "tokens_per_s": tokens_per_s,
         "mfu": mfu["mfu"],
@@ -318,19 +320,6 @@ def measure(
     }
 
 
-def _ratios(tokens_per_s: dict[str, dict[str, float]]) -> dict[str, float]:
-    """loragate over each other system, per workload: `vs_<system>` for mixed,
-    `vs_<system>_<workload>` for the others (`vs_vllm_compiled`, `vs_transformers_equal`...)."""
-    ratios: dict[str, float] = {}
-    for workload, by_system in tokens_per_s.items():
-        suffix = "" if workload == "mixed" else f"_{workload}"
-        for system, rate in by_system.items():
-            if system != "loragate":
-                key = f"vs_{system.replace('-', '_')}{suffix}"
-                ratios[key] = by_system["loragate"] / rate
-    return ratios
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = QUICK if args.quick else FULL
@@ -342,21 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = sorted(_DTYPES, key=list(_DTYPES).index) if args.dtype == "both" else [args.dtype]
     print(f"threads {args.threads} on cores {cores}, dtypes {dtypes}, "
           f"load average {load_start}", flush=True)  # fmt: skip
-    _warn_if_busy(load_start[0], args.threads)
+    warn_if_busy(load_start[0], args.threads)
 
     pool = token_pool(model_dir)
     by_dtype = {dtype: measure(args, plan, model_dir, pool, dtype) for dtype in dtypes}
-    # Each system at its best dtype, per workload.
-    best: dict[str, dict[str, float]] = {}
-    best_dtype: dict[str, dict[str, str]] = {}
-    for dtype, result in by_dtype.items():
-        for workload, by_system in result["tokens_per_s"].items():
-            for system, rate in by_system.items():
-                if rate > best.setdefault(workload, {}).get(system, 0.0):
-                    best[workload][system] = rate
-                    ran_in = dtype if system == "loragate" else result["baseline_dtype"]
-                    best_dtype.setdefault(workload, {})[system] = ran_in
-    ratios = _ratios(best)
+    top = dtype_ratios.best_of(by_dtype)  # each system at its best dtype, per workload
+    best, best_dtype, ratios = top.tokens_per_s, top.dtype, top.ratios
 
     print()
     for dtype, result in by_dtype.items():
@@ -405,37 +385,6 @@ def _workload_flops(requests: list[BenchRequest], model: FlopModel) -> float:
     for r in requests:
         count.add_request(r.num_prompt_tokens, r.num_output_tokens)
     return count.flops(model)
-
-
-def _warn_if_busy(load: float, threads: int) -> None:
-    num_cpus = os.cpu_count() or 1
-    if load <= 0.5:
-        return
-    print(f"warning: load average {load:.2f} on {num_cpus} CPUs: other work is running and the")
-    print("  numbers will be noisy", end="")
-    if threads > 1:
-        print("; with --threads > 1 they can be several times slower", end="")
-    print(flush=True)
-
-
-def _row(
-    workload: str, result: SystemResult, best: SystemResult, batch: str, num_rounds: int = 1
-) -> Row:
-    requests = str(result.num_requests)
-    if result.is_subsampled:
-        requests = f"first {result.num_requests} of {result.num_requests_total}"
-    if result.batch_size > result.num_requests:
-        batch = f"{batch} (holds all {result.num_requests})"
-    if num_rounds > 1:
-        requests = f"{requests} (median of {num_rounds})"
-    return Row(
-        workload,
-        result.system,
-        batch,
-        requests,
-        result.tokens_per_s,
-        result.tokens_per_s / best.tokens_per_s,
-    )
 
 
 if __name__ == "__main__":

@@ -10,9 +10,12 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from measurement import SystemResult
 
 
 @dataclass(frozen=True)
@@ -147,3 +150,36 @@ def _git(args: list[str]) -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return out.stdout.strip()
+
+
+def warn_if_busy(load: float, threads: int) -> None:
+    """A warning where other work was running when the benchmark started."""
+    num_cpus = os.cpu_count() or 1
+    if load <= 0.5:
+        return
+    print(f"warning: load average {load:.2f} on {num_cpus} CPUs: other work is running and the")
+    print("  numbers will be noisy", end="")
+    if threads > 1:
+        print("; with --threads > 1 they can be several times slower", end="")
+    print(flush=True)
+
+
+def system_row(
+    workload: str, result: SystemResult, best: SystemResult, batch: str, num_rounds: int = 1
+) -> Row:
+    """A system's result as a table row, its throughput also relative to `best`."""
+    requests = str(result.num_requests)
+    if result.is_subsampled:
+        requests = f"first {result.num_requests} of {result.num_requests_total}"
+    if result.batch_size > result.num_requests:
+        batch = f"{batch} (holds all {result.num_requests})"
+    if num_rounds > 1:
+        requests = f"{requests} (median of {num_rounds})"
+    return Row(
+        workload,
+        result.system,
+        batch,
+        requests,
+        result.tokens_per_s,
+        result.tokens_per_s / best.tokens_per_s,
+    )
