@@ -3,24 +3,16 @@ issue's JSON keys (`vs_vllm_compiled`, `vs_vllm_compiled_equal`)."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench.bench_modules import load_bench_module
 
 
 @pytest.fixture(scope="module")
-def dtype_ratios() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(BENCH_DIR))  # the bench scripts import their siblings by name
-    try:
-        yield importlib.import_module("dtype_ratios")
-    finally:
-        sys.path.remove(str(BENCH_DIR))
+def dtype_ratios() -> ModuleType:
+    return load_bench_module("dtype_ratios")
 
 
 def test_each_system_counts_at_its_best_dtype_and_the_peers_at_theirs(

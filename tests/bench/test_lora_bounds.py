@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench.bench_modules import load_bench_module
 
 
 @pytest.fixture(scope="module")
 def adapters() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "bench_lora_adapters", BENCH_DIR / "lora_adapters.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_module("lora_adapters")
 
 
 def test_each_limit_can_be_the_binding_one(adapters: ModuleType) -> None:

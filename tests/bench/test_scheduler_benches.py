@@ -4,34 +4,23 @@ readings they report (step counts, not timings)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
-
-
-def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH_DIR / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.bench.bench_modules import load_bench_module
 
 
 @pytest.fixture(scope="module")
 def scale() -> ModuleType:
-    return load("scheduler_scale")
+    return load_bench_module("scheduler_scale")
 
 
 @pytest.fixture(scope="module")
 def fairness() -> ModuleType:
-    return load("fairness")
+    return load_bench_module("fairness")
 
 
 def test_scale_holds_a_full_batch_and_the_line_length(scale: ModuleType) -> None:

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench.bench_modules import load_bench_module
 
 
 @pytest.fixture(scope="module")
 def workload() -> ModuleType:
-    # bench/ holds scripts, not a package: load the module from its file.
-    spec = importlib.util.spec_from_file_location("bench_workload", BENCH_DIR / "workload.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_module("workload")
 
 
 POOL = list(range(3, 2708))
