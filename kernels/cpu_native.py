@@ -50,6 +50,7 @@ HEADERS = tuple(
         "cpu_lora_runs.h",
         "cpu_matmul_amx.h",
         "cpu_matmul_rows.h",
+        "cpu_prefill_amx.h",
     )
 )
 # -fno-trapping-math: without it GCC keeps every float select (a clamp, a sign test) a branch, and

@@ -17,6 +17,8 @@
 // (cpu_dot_tile.h: keys as the "outputs", values transposed), and each tile of 6 query rows
 // multiplies only the key blocks its last row can see.
 //
+// With AMX (head_dim 64 or 128) the two products run on tiles instead: cpu_prefill_amx.h.
+//
 // Without AVX512-BF16 (AVX2 + FMA) the same computation runs on the matmul kernel's FMA tile
 // (cpu_fma_tile.h), in bf16 or float32 (where `round` is a no-op): keys and values are widened
 // to float32 panels when packed. There PyTorch's SDPA was the only fast form (oneDNN has no
@@ -25,12 +27,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "cpu_bf16.h"
 #include "cpu_dot_tile.h"
 #include "cpu_fma_tile.h"
 #include "cpu_math.h"
+#include "cpu_prefill_amx.h"
 
 namespace {
 
@@ -121,6 +125,45 @@ void attend_tile(const uint16_t* q, const uint16_t* keys, const uint16_t* values
 }
 #endif
 
+
+#if LORAGATE_AMX
+// The AMX path (cpu_prefill_amx.h): KV heads packed, then items of 32 queries of a head.
+template <int64_t HD>
+void prefill_amx(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                 const int64_t* slots, const Chunk& c, uint16_t* out, int threads) {
+    using Amx = loragate::AmxPrefill<HD>;
+    const int64_t padded = loragate::amx_padded_context(c.context), head_values = padded * HD;
+    // uninitialised (new T[n], not a vector): every value is written before it is read
+    const std::unique_ptr<uint16_t[]> keys(new uint16_t[c.kv_heads * head_values]);
+    const std::unique_ptr<uint16_t[]> values(new uint16_t[c.kv_heads * head_values]);
+    const int64_t group = c.num_heads / c.kv_heads;
+    const int64_t tiles = (c.query_len + Amx::kRows - 1) / Amx::kRows;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t h = 0; h < c.kv_heads; h++)
+            Amx::pack(k_cache + h * c.num_slots * HD, v_cache + h * c.num_slots * HD, slots,
+                      c.context, keys.get() + h * head_values, values.get() + h * head_values);
+        const std::unique_ptr<float[]> scores(new float[Amx::kRows * padded]);
+        const std::unique_ptr<float[]> sums(new float[Amx::kRows * HD]);
+        const std::unique_ptr<uint16_t[]> probs(new uint16_t[Amx::kRows * padded]);
+        const std::unique_ptr<uint16_t[]> queries(new uint16_t[Amx::kRows * HD]);
+        const typename Amx::Scratch scratch{scores.get(), probs.get(), sums.get(), queries.get()};
+        Amx::begin();
+        // the last tiles see the most keys: dealt first, so the threads finish together
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < c.num_heads * tiles; item++) {
+            const int64_t tile = tiles - 1 - item / c.num_heads, head = item % c.num_heads;
+            const int64_t t0 = tile * Amx::kRows, kv = head / group;
+            const int rows = static_cast<int>(std::min<int64_t>(Amx::kRows, c.query_len - t0));
+            Amx::tile(q, c.q_row_stride, c.q_head_stride, keys.get() + kv * head_values,
+                      values.get() + kv * head_values, head, t0, rows, c.offset, c.context,
+                      c.num_heads, c.scale, scratch, out);
+        }
+        Amx::end();
+    }
+}
+#endif
 
 #if LORAGATE_FMA
 // The FMA path. Per KV head: keys as float32 panels of 16 keys ([context / 16][head_dim][16]:
@@ -267,6 +310,12 @@ void prefill_attention_bf16(const uint16_t* q, int64_t q_row_stride, int64_t q_h
                             float scale, int threads) {
     const Chunk c{query_len, offset, offset + query_len, num_heads, kv_heads, head_dim,
                   q_row_stride, q_head_stride, num_slots, scale};
+#if LORAGATE_AMX
+    if (loragate::amx_permitted()) {
+        if (head_dim == 64) return prefill_amx<64>(q, k_cache, v_cache, slots, c, out, threads);
+        if (head_dim == 128) return prefill_amx<128>(q, k_cache, v_cache, slots, c, out, threads);
+    }
+#endif
 #if defined(__AVX512BF16__)
     const int64_t key_values = round_up(c.context, kDotCols) * head_dim;
     const int64_t value_values = round_up(c.context, 2) * head_dim;

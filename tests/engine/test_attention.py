@@ -3,6 +3,7 @@ own keys, for every decode backend, and the start-up choice between them."""
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import time
@@ -227,6 +228,27 @@ def test_where_the_kernel_runs_it_is_the_matmul_form_that_is_timed(
     monkeypatch.undo()
     monkeypatch.setattr(prefill_backend, "prefill_sdpa", lambda *args: time.sleep(0.1))
     assert choose_prefill_softmax("auto", native, dtype=torch.float32, device=cpu, **dims) is native
+
+
+@pytest.mark.skipif(
+    not native_prefill().f32_available, reason="this CPU has no AVX2 + FMA: no float32 kernel"
+)
+def test_a_near_tie_keeps_sdpa_against_two_matmuls_but_not_against_the_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The matmul form timed 1.1x faster than SDPA: as two matmuls that is within the margin
+    (SDPA kept); as the native kernel, which rounds as eager attention does, it is enough."""
+    dims = {"num_heads": HEADS, "num_kv_heads": KV_HEADS, "head_dim": 16}
+    cpu, native = torch.device("cpu"), native_layer()
+    # the matmul form is the functools.partial the chooser builds; SDPA its lambda
+    monkeypatch.setattr(
+        prefill_backend,
+        "best_time",
+        lambda fn, repeats: 1.0 if isinstance(fn, functools.partial) else 1.1,
+    )
+    assert choose_prefill_softmax("auto", native, dtype=torch.float32, device=cpu, **dims) is native
+    monkeypatch.setattr(prefill_backend, "_kernel", lambda **kwargs: None)
+    assert choose_prefill_softmax("auto", native, dtype=torch.float32, device=cpu, **dims) is None
 
 
 def test_a_pinned_prefill_form_is_checked() -> None:

@@ -2,8 +2,9 @@
 the form it replaces (engine/attention.py `prefill_matmul`: two bf16 matmuls around the native
 causal softmax) and a float64 oracle: fresh chunks and chunks after cached tokens, keys scattered
 over a cache whose unused slots hold NaN (reading a key the chunk may not see poisons it). bf16
-by AVX512-BF16 or (AVX2) the FMA path, float32 by the FMA path; on an AVX-512 CPU a build
-without AVX-512 checks the FMA path too."""
+by AMX tiles where the CPU has AMX (kernels/cpu_prefill_amx.h), else AVX512-BF16 or (AVX2) the
+FMA path, float32 by the FMA path; a build without AMX checks the AVX512-BF16 path on an AMX
+CPU, and on an AVX-512 CPU a build without AVX-512 checks the FMA path too."""
 
 from __future__ import annotations
 
@@ -125,6 +126,34 @@ def test_the_fma_path_in_bf16(query_len: int, offset: int, tmp_path) -> None:  #
     fma = NativePrefill(build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512f",)))
     assert fma.available and fma.supports(torch.bfloat16, torch.device("cpu"), 48)
     _check_bf16(fma, query_len, offset, (12, 4, 64))
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("query_len, offset", [(5, 0), (70, 0), (100, 37), (33, 31)])
+def test_the_build_without_amx(query_len: int, offset: int, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """-mno-amx-tile: on an AMX CPU the AVX512-BF16 dot-product path the default build no longer
+    takes there (elsewhere the same path as the default build), held to the same bounds."""
+    dot = NativePrefill(build(tmp_path, source=SOURCE, extra_flags=("-mno-amx-tile",)))
+    _check_bf16(dot, query_len, offset, (12, 4, 64))
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("query_len, offset", [(48, 0), (20, 300)])
+def test_scores_far_below_the_row_maximum(query_len: int, offset: int) -> None:
+    """Queries scaled up so a row's scores span hundreds: the exps far below the maximum (under
+    e^-87) are zeros, not NaN or noise, in every path's softmax, the AMX path's faster exp
+    included."""
+    q, k_cache, v_cache, slots = _case(query_len, offset, 12, 4, 64, seed=7)
+    q = (q.float() * 40).bfloat16()
+    scale = 64**-0.5
+    out = KERNEL(q, k_cache, v_cache, slots, offset, scale)
+    assert not out.isnan().any()
+    reference = _reference(q, k_cache.nan_to_num(), v_cache.nan_to_num(), slots, offset, scale)
+    step = reference.float().abs().amax(-1, keepdim=True).clamp_min(2**-20) * 2**-7
+    assert ((out.float() - reference.float()).abs() <= step).all()
+    oracle = _oracle(q, k_cache, v_cache, slots, offset, scale)
+    ours, theirs = (out.double() - oracle).abs().max(), (reference.double() - oracle).abs().max()
+    assert ours <= theirs * 1.5 + 1e-3
 
 
 @needs_bf16_dot
