@@ -30,6 +30,15 @@ struct TileConfig {
     }
 };
 
+// ldtilecfg from `config`. The empty asm with a memory clobber first: GCC 12 does not count the
+// builtin as reading the whole struct. A variant of amx_matmul (session 20: its items run by
+// hand instead of `omp for`) had the stores of tiles 0-3's widths dropped as dead, so
+// ldtilecfg met rows without bytes and faulted (#GP) on every thread.
+inline void load_tiles(const TileConfig& config) {
+    asm volatile("" : : "r"(&config) : "memory");
+    _tile_loadconfig(&config);
+}
+
 // Linux hands a process AMX's tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
 // XFEATURE_XTILEDATA); asked once, for the whole process. False: the kernel refused (an old
 // kernel, a hypervisor without it) and the callers keep their other loops.

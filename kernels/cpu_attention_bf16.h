@@ -269,7 +269,7 @@ struct AmxPasses : DotPasses<HD> {
         config.set(1, 16, 64);
         config.set(2, 16, 64);
         for (int j = 0; j < kPairs; j++) config.set(3 + j, 16, static_cast<int>(4 * group));
-        _tile_loadconfig(&config);
+        load_tiles(config);
     }
     static void end() { _tile_release(); }
 

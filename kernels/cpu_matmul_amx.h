@@ -39,7 +39,7 @@ inline void configure_tiles(int m) {
     loragate::TileConfig config;
     for (int t = 0; t < 5; t++) config.set(t, m, 64);   // the sums, x's rows
     for (int t = 6; t < 8; t++) config.set(t, 16, 64);  // weights: 16 pairs of the input
-    _tile_loadconfig(&config);
+    load_tiles(config);
 }
 
 // `tiles` row tiles of x (rows x_stride apart) by one block, a row tile at a time against the

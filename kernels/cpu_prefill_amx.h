@@ -94,7 +94,7 @@ struct AmxPrefill {
     static void begin() {
         TileConfig config;
         for (int tile = 0; tile < 8; tile++) config.set(tile, 16, 64);
-        _tile_loadconfig(&config);
+        load_tiles(config);
     }
     static void end() { _tile_release(); }
 
