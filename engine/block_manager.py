@@ -3,9 +3,11 @@
 A full block's key is SHA-256 over (parent key, the block's token ids, typed extras): the
 first block carries ("salt", cache_salt) and every block carries ("adapter", adapter_id), so
 two tenants or two adapters never share a block. Blocks whose last reference goes away stay
-findable by their key until the allocator reuses them (least recently freed first).
+findable by their key until the allocator reuses them (least recently freed first, after every
+free block that holds no prefix: engine/free_blocks.py, which also keeps a sequence's blocks
+side by side where it can).
 
-Invariant (check_invariants): every block is either free (ref_count 0, in the free queue) or
+Invariant (check_invariants): every block is either free (ref_count 0, in the free pool) or
 used (ref_count == the number of block tables that hold it); free + used == total.
 """
 
@@ -13,9 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
 from dataclasses import dataclass
 
+from engine.free_blocks import FreeBlocks
 from engine.sequence import Sequence
 
 
@@ -58,9 +60,8 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
-        # Free blocks in eviction order (front = reused first). A cached block that is free
-        # stays here until reused or hit again.
-        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        # A cached block that is free stays findable until reused or hit again.
+        self._free = FreeBlocks(num_blocks)
         self._cached: dict[bytes, int] = {}
         self.num_prefix_queries = 0  # tokens looked up
         self.num_prefix_hits = 0  # tokens found
@@ -113,14 +114,14 @@ class BlockManager:
             for block_id in hit.block_ids:
                 block = self.blocks[block_id]
                 if block.ref_count == 0:
-                    del self._free[block_id]
+                    self._free.take(block_id)
                 block.ref_count += 1
                 seq.block_table.append(block_id)
             seq.block_hashes = list(hit.keys)
             seq.num_computed_tokens = hit.num_blocks * self.block_size
         needed = self.num_blocks_for(seq.num_computed_tokens + num_new_tokens)
         while len(seq.block_table) < needed:
-            block_id, _ = self._free.popitem(last=False)
+            block_id, _ = self._free.take_next(seq.block_table[-1] if seq.block_table else None)
             block = self.blocks[block_id]
             if block.key is not None:
                 # Reusing a cached-but-free block evicts its prefix entry.
@@ -155,18 +156,14 @@ class BlockManager:
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                if block.key is None:
-                    # Uncached blocks are worthless: reuse them before any cached one.
-                    self._free[block_id] = None
-                    self._free.move_to_end(block_id, last=False)
-                else:
-                    self._free[block_id] = None
+                # uncached blocks are worthless: the pool reuses them before any cached one
+                self._free.put(block_id, cached=block.key is not None)
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
     def reset_prefix_cache(self) -> None:
-        for block_id in self._free:
+        for block_id in self._free.forget_prefixes():
             block = self.blocks[block_id]
             if block.key is not None:
                 self._cached.pop(block.key, None)
