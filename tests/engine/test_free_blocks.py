@@ -22,6 +22,16 @@ def _taken(pool: FreeBlocks, after: int | None = None) -> int:
     return block_id
 
 
+def _emptied(num_blocks: int, freed: list[tuple[int, bool]]) -> FreeBlocks:
+    """A pool whose every block was taken, then `freed` (block, cached) put back in turn."""
+    pool = FreeBlocks(num_blocks)
+    for _ in range(num_blocks):
+        _taken(pool)
+    for block_id, cached in freed:
+        pool.put(block_id, cached=cached)
+    return pool
+
+
 def test_a_fresh_pool_gives_ascending_blocks_and_the_next_one_first() -> None:
     pool = FreeBlocks(8)
     assert [_taken(pool) for _ in range(3)] == [0, 1, 2]
@@ -31,13 +41,7 @@ def test_a_fresh_pool_gives_ascending_blocks_and_the_next_one_first() -> None:
 
 
 def test_uncached_blocks_by_address_before_cached_ones_least_recently_freed() -> None:
-    pool = FreeBlocks(6)
-    for _ in range(6):
-        _taken(pool)
-    pool.put(4, cached=True)
-    pool.put(1, cached=True)
-    pool.put(5, cached=False)
-    pool.put(2, cached=False)
+    pool = _emptied(6, [(4, True), (1, True), (5, False), (2, False)])
     assert _taken(pool) == 2 and _taken(pool) == 5  # no prefix: lowest address first
     assert pool.take_next(None) == (4, True)  # then the cached one freed first
     assert pool.take_next(3) == (1, True)  # a cached block is never taken out of turn
@@ -46,12 +50,7 @@ def test_uncached_blocks_by_address_before_cached_ones_least_recently_freed() ->
 
 
 def test_taking_a_hit_and_forgetting_prefixes() -> None:
-    pool = FreeBlocks(4)
-    for _ in range(4):
-        _taken(pool)
-    pool.put(3, cached=True)
-    pool.put(0, cached=True)
-    pool.put(2, cached=False)
+    pool = _emptied(4, [(3, True), (0, True), (2, False)])
     pool.take(3)  # a prefix hit on a free cached block
     pool.take(2)
     assert 3 not in pool and 2 not in pool and len(pool) == 1
