@@ -14,10 +14,10 @@ blocks, or consecutive sequences' blocks, lay side by side (bench/RESULTS.md, se
 least-recently-freed queue alone kept the order a fresh pool starts with (ascending ids) only
 until sequences began to finish: rerunning the mixed-lengths workload on one engine (prefix
 caching off) left 61% -> 22% -> 8% of a decode table's neighbouring blocks adjacent, and
-throughput fell ~6% by the third run; given out by address, 65% each run and no fall. Only uncached blocks are placed this way: with prefix
-caching on, a finished sequence's full blocks stay cached and come back in the queue's order
-(taking one out of turn would cut its prefix chain early); keeping those side by side too is
-left open.
+throughput fell ~6% by the third run; given out by address, 65% each run and no fall. Only
+uncached blocks are placed this way: with prefix caching on, a finished sequence's full blocks
+stay cached and come back in the queue's order (taking one out of turn would cut its prefix
+chain early); keeping those side by side too is left open.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from collections import OrderedDict
 
 class FreeBlocks:
     def __init__(self, num_blocks: int):
-        self.num_blocks = num_blocks
         self._uncached: set[int] = set(range(num_blocks))
         # The uncached ids, lowest first; entries taken another way (take, the block after a
         # sequence's last) stay until popped and are skipped then (not in _uncached).

@@ -147,10 +147,8 @@ struct DotPasses : NoTileState {
                 }
                 // round(sum) to bf16 (nearest even), back in float32, times the scale
                 const __m512 sums = reduce16(v);
-                const __m512 rounded = _mm512_castsi512_ps(_mm512_slli_epi32(
-                    _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(sums)), 16));
                 _mm512_mask_storeu_ps(scores + g * length + t0, __mmask16((1u << n) - 1),
-                                      _mm512_mul_ps(rounded, scale_v));
+                                      _mm512_mul_ps(bf16_rounded(sums), scale_v));
             }
         }
     }
@@ -314,9 +312,8 @@ struct AmxPasses : DotPasses<HD> {
         for (int64_t g = 0; g < group; g++) {
             const __m512 v = _mm512_i32gather_ps(
                 _mm512_add_epi32(column, _mm512_set1_epi32(static_cast<int>(g))), &sums[0][0], 4);
-            const __m512 rounded = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
-            _mm512_mask_storeu_ps(scores + g * length + t0, mask, _mm512_mul_ps(rounded, scale_v));
+            _mm512_mask_storeu_ps(scores + g * length + t0, mask,
+                                  _mm512_mul_ps(bf16_rounded(v), scale_v));
         }
     }
 

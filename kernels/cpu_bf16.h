@@ -65,4 +65,13 @@ inline __m512 load_bf16x16(const BFloat16* p) {
 }
 #endif
 
+#if defined(__AVX512BF16__)
+// 16 floats rounded to bf16 by vcvtneps2bf16 (nearest even; it reads a denormal as zero), back
+// in float32: the rounding the bf16 attention kernels apply to their float32 sums.
+inline __m512 bf16_rounded(__m512 x) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)), 16));
+}
+#endif
+
 }  // namespace loragate

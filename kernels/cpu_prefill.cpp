@@ -49,6 +49,30 @@ struct Chunk {
 
 [[maybe_unused]] int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
+// Every path's schedule: each KV head packed (pack(h), split between the threads), then every
+// item, a tile of up to `tile_rows` queries of one head, by attend(head, kv, t0, rows) of this
+// thread's worker (make_worker(): its buffers, and AMX's tile state). The last tiles see the
+// most keys: dealt first, so the threads finish together.
+template <typename Pack, typename MakeWorker>
+void each_item(const Chunk& c, int64_t tile_rows, int threads, const Pack& pack,
+               const MakeWorker& make_worker) {
+    const int64_t group = c.num_heads / c.kv_heads;
+    const int64_t tiles = (c.query_len + tile_rows - 1) / tile_rows;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t h = 0; h < c.kv_heads; h++) pack(h);
+        auto attend = make_worker();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < c.num_heads * tiles; item++) {
+            const int64_t tile = tiles - 1 - item / c.num_heads, head = item % c.num_heads;
+            const int64_t t0 = tile * tile_rows;
+            attend(head, head / group, t0,
+                   static_cast<int>(std::min<int64_t>(tile_rows, c.query_len - t0)));
+        }
+    }
+}
+
 #if defined(__AVX512BF16__)
 // keys [context, head_dim] of one KV head -> [context / 64][head_dim / 2][64][2]; values ->
 // [head_dim / 64][context / 2][64][2] (pairs of keys side by side for each dimension). Rows past
@@ -92,13 +116,11 @@ void attend_tile(const uint16_t* q, const uint16_t* keys, const uint16_t* values
     for (int64_t b = 0; b * kDotCols < visible; b++) {  // scores, key block by key block
         loragate::dot_rows(rows, qt, c.q_row_stride, hd, keys + b * (hd / 2) * 2 * kDotCols, sums);
         for (int m = 0; m < rows; m++)
-            for (int j = 0; j < 4; j++) {  // round to bf16 (nearest even), times the scale
-                const __m256bh half = _mm512_cvtneps_pbh(_mm512_loadu_ps(sums[m] + 16 * j));
-                const __m512 rounded = _mm512_castsi512_ps(
-                    _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)half), 16));
-                _mm512_storeu_ps(scores + m * width + b * kDotCols + 16 * j,
-                                 _mm512_mul_ps(rounded, scale));
-            }
+            for (int j = 0; j < 4; j++)  // round to bf16 (nearest even), times the scale
+                _mm512_storeu_ps(
+                    scores + m * width + b * kDotCols + 16 * j,
+                    _mm512_mul_ps(loragate::bf16_rounded(_mm512_loadu_ps(sums[m] + 16 * j)),
+                                  scale));
     }
     const int64_t used = round_up(visible, 2);  // keys the values pass reads: pairs
     for (int m = 0; m < rows; m++) {  // softmax over what row m sees, zeros after
@@ -127,41 +149,60 @@ void attend_tile(const uint16_t* q, const uint16_t* keys, const uint16_t* values
 
 
 #if LORAGATE_AMX
-// The AMX path (cpu_prefill_amx.h): KV heads packed, then items of 32 queries of a head.
+// The AMX path (cpu_prefill_amx.h): KV heads packed, then items of 32 queries of a head. A
+// thread's worker holds its buffers and configures the tiles for as long as it lives.
+template <int64_t HD>
+class AmxWorker {
+    using Amx = loragate::AmxPrefill<HD>;
+
+   public:
+    AmxWorker(const uint16_t* q, const uint16_t* keys, const uint16_t* values, const Chunk& c,
+              uint16_t* out)
+        : q_(q), keys_(keys), values_(values), c_(c), out_(out),
+          head_values_(loragate::amx_padded_context(c.context) * HD),
+          // uninitialised (new T[n], not a vector): every value is written before it is read
+          scores_(new float[Amx::kRows * loragate::amx_padded_context(c.context)]),
+          sums_(new float[Amx::kRows * HD]),
+          probs_(new uint16_t[Amx::kRows * loragate::amx_padded_context(c.context)]),
+          queries_(new uint16_t[Amx::kRows * HD]) {
+        Amx::begin();
+    }
+    ~AmxWorker() { Amx::end(); }
+    AmxWorker(const AmxWorker&) = delete;
+    AmxWorker& operator=(const AmxWorker&) = delete;
+
+    void operator()(int64_t head, int64_t kv, int64_t t0, int rows) const {
+        const typename Amx::Scratch scratch{scores_.get(), probs_.get(), sums_.get(),
+                                            queries_.get()};
+        Amx::tile(q_, c_.q_row_stride, c_.q_head_stride, keys_ + kv * head_values_,
+                  values_ + kv * head_values_, head, t0, rows, c_.offset, c_.context,
+                  c_.num_heads, c_.scale, scratch, out_);
+    }
+
+   private:
+    const uint16_t *q_, *keys_, *values_;
+    const Chunk& c_;
+    uint16_t* out_;
+    int64_t head_values_;
+    std::unique_ptr<float[]> scores_, sums_;
+    std::unique_ptr<uint16_t[]> probs_, queries_;
+};
+
 template <int64_t HD>
 void prefill_amx(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                  const int64_t* slots, const Chunk& c, uint16_t* out, int threads) {
-    using Amx = loragate::AmxPrefill<HD>;
-    const int64_t padded = loragate::amx_padded_context(c.context), head_values = padded * HD;
-    // uninitialised (new T[n], not a vector): every value is written before it is read
+    const int64_t head_values = loragate::amx_padded_context(c.context) * HD;
     const std::unique_ptr<uint16_t[]> keys(new uint16_t[c.kv_heads * head_values]);
     const std::unique_ptr<uint16_t[]> values(new uint16_t[c.kv_heads * head_values]);
-    const int64_t group = c.num_heads / c.kv_heads;
-    const int64_t tiles = (c.query_len + Amx::kRows - 1) / Amx::kRows;
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-        for (int64_t h = 0; h < c.kv_heads; h++)
-            Amx::pack(k_cache + h * c.num_slots * HD, v_cache + h * c.num_slots * HD, slots,
-                      c.context, keys.get() + h * head_values, values.get() + h * head_values);
-        const std::unique_ptr<float[]> scores(new float[Amx::kRows * padded]);
-        const std::unique_ptr<float[]> sums(new float[Amx::kRows * HD]);
-        const std::unique_ptr<uint16_t[]> probs(new uint16_t[Amx::kRows * padded]);
-        const std::unique_ptr<uint16_t[]> queries(new uint16_t[Amx::kRows * HD]);
-        const typename Amx::Scratch scratch{scores.get(), probs.get(), sums.get(), queries.get()};
-        Amx::begin();
-        // the last tiles see the most keys: dealt first, so the threads finish together
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < c.num_heads * tiles; item++) {
-            const int64_t tile = tiles - 1 - item / c.num_heads, head = item % c.num_heads;
-            const int64_t t0 = tile * Amx::kRows, kv = head / group;
-            const int rows = static_cast<int>(std::min<int64_t>(Amx::kRows, c.query_len - t0));
-            Amx::tile(q, c.q_row_stride, c.q_head_stride, keys.get() + kv * head_values,
-                      values.get() + kv * head_values, head, t0, rows, c.offset, c.context,
-                      c.num_heads, c.scale, scratch, out);
-        }
-        Amx::end();
-    }
+    each_item(
+        c, loragate::AmxPrefill<HD>::kRows, threads,
+        [&](int64_t h) {
+            loragate::AmxPrefill<HD>::pack(k_cache + h * c.num_slots * HD,
+                                           v_cache + h * c.num_slots * HD, slots, c.context,
+                                           keys.get() + h * head_values,
+                                           values.get() + h * head_values);
+        },
+        [&] { return AmxWorker<HD>(q, keys.get(), values.get(), c, out); });
 }
 #endif
 
@@ -248,27 +289,21 @@ void prefill_fma(const T* q, const T* k_cache, const T* v_cache, const int64_t* 
     const int64_t key_values = round_up(c.context, kPanelCols) * c.head_dim;
     const int64_t value_values = c.context * c.head_dim;
     std::vector<float> keys(c.kv_heads * key_values), values(c.kv_heads * value_values);
-    const int64_t group = c.num_heads / c.kv_heads;
-    const int64_t tiles = (c.query_len + kQRows - 1) / kQRows;
     const int64_t head_values = c.num_slots * c.head_dim;
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-        for (int64_t h = 0; h < c.kv_heads; h++)
+    each_item(
+        c, kQRows, threads,
+        [&](int64_t h) {
             pack_head_fma(k_cache + h * head_values, v_cache + h * head_values, slots, c,
                           keys.data() + h * key_values, values.data() + h * value_values);
-        FmaScratch scratch(c);
-        // the last tiles see the most keys: dealt first, so the threads finish together
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < c.num_heads * tiles; item++) {
-            const int64_t tile = tiles - 1 - item / c.num_heads, head = item % c.num_heads;
-            const int64_t t0 = tile * kQRows;
-            const int rows = static_cast<int>(std::min<int64_t>(kQRows, c.query_len - t0));
-            const int64_t kv = head / group;
-            attend_tile_fma(q, keys.data() + kv * key_values, values.data() + kv * value_values,
-                            head, t0, rows, c, scratch, out);
-        }
-    }
+        },
+        [&] {
+            return [&, scratch = FmaScratch(c)](int64_t head, int64_t kv, int64_t t0,
+                                                int rows) mutable {
+                attend_tile_fma(q, keys.data() + kv * key_values,
+                                values.data() + kv * value_values, head, t0, rows, c, scratch,
+                                out);
+            };
+        });
 }
 #endif
 
@@ -320,27 +355,20 @@ void prefill_attention_bf16(const uint16_t* q, int64_t q_row_stride, int64_t q_h
     const int64_t key_values = round_up(c.context, kDotCols) * head_dim;
     const int64_t value_values = round_up(c.context, 2) * head_dim;
     std::vector<uint16_t> keys(kv_heads * key_values), values(kv_heads * value_values);
-    const int64_t group = num_heads / kv_heads;
-    const int64_t tiles = (query_len + kDotRows - 1) / kDotRows;
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-        for (int64_t h = 0; h < kv_heads; h++)
-            pack_head(k_cache + h * num_slots * head_dim, v_cache + h * num_slots * head_dim, slots,
-                      c, keys.data() + h * key_values, values.data() + h * value_values);
-        std::vector<float> scores(kDotRows * round_up(c.context, kDotCols));
-        std::vector<uint16_t> probs(kDotRows * round_up(c.context, 2));
-        // the last tiles see the most keys: dealt first, so the threads finish together
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < num_heads * tiles; item++) {
-            const int64_t tile = tiles - 1 - item / num_heads, head = item % num_heads;
-            const int64_t t0 = tile * kDotRows;
-            const int rows = static_cast<int>(std::min<int64_t>(kDotRows, query_len - t0));
-            const int64_t kv = head / group;
-            attend_tile(q, keys.data() + kv * key_values, values.data() + kv * value_values, head,
-                        t0, rows, c, scores.data(), probs.data(), out);
-        }
-    }
+    each_item(
+        c, kDotRows, threads,
+        [&](int64_t h) {
+            pack_head(k_cache + h * num_slots * head_dim, v_cache + h * num_slots * head_dim,
+                      slots, c, keys.data() + h * key_values, values.data() + h * value_values);
+        },
+        [&] {
+            return [&, scores = std::vector<float>(kDotRows * round_up(c.context, kDotCols)),
+                    probs = std::vector<uint16_t>(kDotRows * round_up(c.context, 2))](
+                       int64_t head, int64_t kv, int64_t t0, int rows) mutable {
+                attend_tile(q, keys.data() + kv * key_values, values.data() + kv * value_values,
+                            head, t0, rows, c, scores.data(), probs.data(), out);
+            };
+        });
 #elif LORAGATE_FMA
     using loragate::BFloat16;
     prefill_fma(reinterpret_cast<const BFloat16*>(q), reinterpret_cast<const BFloat16*>(k_cache),

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_bf16.h"
 #include "cpu_math.h"
 
 namespace loragate {
@@ -98,8 +99,8 @@ struct AmxPrefill {
     }
     static void end() { _tile_release(); }
 
-    // Per-thread buffers: scores [16][padded] floats, probabilities [16][padded] bf16, the
-    // output sums [16][HD] floats, a partial tile's queries [16][HD] bf16.
+    // Per-thread buffers: scores [kRows][padded] floats, probabilities [kRows][padded] bf16,
+    // the output sums [kRows][HD] floats, a partial item's queries [kRows][HD] bf16.
     struct Scratch {
         float* scores;
         uint16_t* probs;
@@ -147,12 +148,6 @@ struct AmxPrefill {
                 reinterpret_cast<__m256i*>(p + j),
                 (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(sc + j), inv)));
         for (j = n16; j < used; j++) p[j] = 0;
-    }
-
-    // float32 -> bf16 (nearest even) -> float32
-    static __m512 bf16_rounded(__m512 x) {
-        return _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)), 16));
     }
 
     // out[(t0 + m) * num_heads + head] for m < rows (<= 32), as cpu_prefill.cpp's attend_tile
