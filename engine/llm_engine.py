@@ -7,7 +7,6 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,15 +21,14 @@ from engine.models.hf_config import load_model_config
 from engine.models.loader import load_model
 from engine.native_matmul import prepare_linears
 from engine.outputs import (
-    CompletionDelta,
     EngineStats,
     FailedSeq,
     FinishReason,
-    PositionLogprobs,
     RequestOutput,
     RequestTimes,
 )
 from engine.request import EngineRequest, RequestId
+from engine.request_state import RequestState
 from engine.sampler import Sampler, SamplingRow
 from engine.scheduler import Scheduler, adapter_of
 from engine.sequence import Sequence
@@ -42,22 +40,6 @@ log = logging.getLogger(__name__)
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class _RequestState:
-    request: EngineRequest
-    seqs: list[Sequence]
-    times: RequestTimes
-    generators: list[torch.Generator | None]
-    prompt_logprobs: list[PositionLogprobs | None] | None = None
-    num_prompt_logprobs_emitted: int = 0
-    counted_prompt: bool = False
-    error: str | None = None
-
-    @property
-    def is_finished(self) -> bool:
-        return all(s.is_finished for s in self.seqs)
 
 
 class LLMEngine:
@@ -122,7 +104,7 @@ class LLMEngine:
         if native is not None and native.supports(torch.empty(0, dtype=self.dtype)):
             argmax = native.argmax
         self.sampler = Sampler(mc.vocab_size, self.device, seed=config.seed, argmax=argmax)
-        self._requests: dict[RequestId, _RequestState] = {}
+        self._requests: dict[RequestId, RequestState] = {}
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
         self._num_prompt_tokens = 0
@@ -209,7 +191,7 @@ class LLMEngine:
                 gen = torch.Generator(device=self.device)
                 gen.manual_seed((params.seed + i) % (2**63))
                 generators.append(gen)
-        state = _RequestState(request, seqs, RequestTimes(arrival=request.arrival_time), generators)
+        state = RequestState(request, seqs, RequestTimes(arrival=request.arrival_time), generators)
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]
         self._requests[request.request_id] = state
@@ -348,55 +330,11 @@ class LLMEngine:
 
     # -- outputs -------------------------------------------------------------------------
 
-    def _output(self, state: _RequestState) -> RequestOutput:
-        request = state.request
-        choices = []
-        for seq in state.seqs:
-            begin = seq.num_prompt_tokens + seq.num_emitted_tokens
-            new_tokens = seq.token_ids[begin:]
-            reports_finish = seq.finish_reason is not None and not seq.is_finish_reported
-            if not new_tokens and not reports_finish:
-                continue
-            logprobs = None
-            if request.sampling_params.logprobs is not None:
-                logprobs, seq.pending_logprobs = seq.pending_logprobs, []
-            choices.append(
-                CompletionDelta(
-                    index=seq.index,
-                    token_ids=new_tokens,
-                    logprobs=logprobs,
-                    finish_reason=seq.finish_reason,
-                    stop_reason=seq.stop_reason,
-                )
-            )
-            seq.num_emitted_tokens += len(new_tokens)
-            seq.is_finish_reported = seq.finish_reason is not None
-        prompt_logprobs = None
-        # Prompt logprobs go out once, complete, with the first output after the prefill.
-        if (
-            state.prompt_logprobs is not None
-            and state.num_prompt_logprobs_emitted == 0
-            and len(state.prompt_logprobs) == state.seqs[0].num_prompt_tokens
-        ):
-            prompt_logprobs = state.prompt_logprobs
-            state.num_prompt_logprobs_emitted = len(prompt_logprobs)
-        finished = state.is_finished
-        if finished:
-            state.times.finished = time.monotonic()
-            self._requests.pop(request.request_id, None)
-        first = state.seqs[0]
-        return RequestOutput(
-            request_id=request.request_id,
-            choices=choices,
-            finished=finished,
-            num_prompt_tokens=first.num_prompt_tokens,
-            num_cached_tokens=first.num_cached_tokens or 0,
-            prompt_logprobs=prompt_logprobs,
-            times=state.times,
-            priority=request.priority,
-            num_output_tokens=sum(s.num_output_tokens for s in state.seqs),
-            error=state.error,
-        )
+    def _output(self, state: RequestState) -> RequestOutput:
+        output = state.take_output()
+        if output.finished:
+            self._requests.pop(state.request.request_id, None)
+        return output
 
     # -- adapters (control path, on the loop thread) -------------------------------------
 
