@@ -109,13 +109,27 @@ struct DotPasses : NoTileState {
         return _mm512_permutexvar_ps(order, tree(v));
     }
 
+    // A query head's float32 values as bf16 pairs (exact: they were bf16).
+    static void to_bf16(const float* q, __m512bh out[kPairs]) {
+        for (int64_t j = 0; j < kPairs; j++)
+            out[j] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + 32 * j + 16),
+                                         _mm512_loadu_ps(q + 32 * j));
+    }
+
     // v_head: the same pair's values, asked for (to L2) while the keys are read, so the
-    // second pass finds them there and each pass has twice the reads in flight.
+    // second pass finds them there and each pass has twice the reads in flight. The keys
+    // blocks ahead are asked for to L2 as well, not L1: on the Zen 4 EPYC, to L1 they took
+    // 1.08-1.10x the time (session 21, decode steps of the mixed workload's own block
+    // tables): a line asked for to L1 holds one of its few miss buffers until it arrives.
     static void scores(const BFloat16* k_head, const BFloat16* v_head, const int64_t* table,
                        int64_t length, int64_t bs,
                        int64_t, const float* qf, int64_t group, float scale, float*,
                        float* scores, const Ahead<BFloat16>& ahead) {
         const __m512 scale_v = _mm512_set1_ps(scale);
+        constexpr int64_t kKept = 16;  // heads whose bf16 query stays in registers
+        __m512bh queries[kKept][kPairs];  // each head back in bf16 (exact: it was bf16)
+        for (int64_t g = 0; g < group; g++)
+            if (g < kKept) to_bf16(qf + g * HD, queries[g]);
         const BFloat16* keys[16];
         int64_t block = 0, offset = 0;  // where key t0 lies: walked, not divided out per key
         for (int64_t t0 = 0; t0 < length; t0 += 16) {
@@ -124,7 +138,7 @@ struct DotPasses : NoTileState {
                 if (offset == 0) {
                     for (int64_t d = block == 0 ? 1 : kAhead; d <= kAhead; d++)  // blocks on
                         if ((block + d) * bs < length)
-                            prefetch_block(k_head + table[block + d] * bs * HD, bs * HD);
+                            prefetch_block<_MM_HINT_T1>(k_head + table[block + d] * bs * HD, bs * HD);
                     prefetch_block<_MM_HINT_T1>(v_head + table[block] * bs * HD, bs * HD);
                     ahead.keys(block, bs, HD);
                 }
@@ -132,10 +146,9 @@ struct DotPasses : NoTileState {
                 if (++offset == bs) offset = 0, block++;
             }
             for (int64_t g = 0; g < group; g++) {
-                __m512bh query[kPairs];  // the head back in bf16 (exact: it was bf16)
-                for (int64_t j = 0; j < kPairs; j++)
-                    query[j] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(qf + g * HD + 32 * j + 16),
-                                                   _mm512_loadu_ps(qf + g * HD + 32 * j));
+                __m512bh more[kPairs];  // a head past kKept: converted each time
+                if (g >= kKept) to_bf16(qf + g * HD, more);
+                const __m512bh* query = g < kKept ? queries[g] : more;
                 __m512 v[16];
                 for (int64_t i = 0; i < 16; i++) {
                     v[i] = _mm512_setzero_ps();
