@@ -35,6 +35,7 @@
 #include "cpu_fma_tile.h"
 #include "cpu_math.h"
 #include "cpu_prefill_amx.h"
+#include "cpu_softmax_bf16.h"
 
 namespace {
 
@@ -103,40 +104,26 @@ void pack_head(const uint16_t* k_head, const uint16_t* v_head, const int64_t* sl
 
 // Query rows t0 .. t0 + rows - 1 of query head `head`, against its KV head's packed keys and
 // values. scores: [kDotRows][context rounded up to 64] floats; probs: [kDotRows][context
-// rounded up to 2] bf16.
+// rounded up to 16] bf16.
 void attend_tile(const uint16_t* q, const uint16_t* keys, const uint16_t* values, int64_t head,
                  int64_t t0, int rows, const Chunk& c, float* scores, uint16_t* probs,
                  uint16_t* out) {
     const int64_t hd = c.head_dim, width = round_up(c.context, kDotCols);
-    const int64_t pairs = round_up(c.context, 2) / 2;
+    const int64_t p_width = round_up(c.context, 16), pairs = round_up(c.context, 2) / 2;
     const int64_t visible = c.offset + t0 + rows;  // keys the tile's last row sees
     const uint16_t* qt = q + t0 * c.q_row_stride + head * c.q_head_stride;
     float sums[kDotRows][kDotCols];
-    const __m512 scale = _mm512_set1_ps(c.scale);
-    for (int64_t b = 0; b * kDotCols < visible; b++) {  // scores, key block by key block
+    for (int64_t b = 0; b * kDotCols < visible; b++) {  // scores' sums, key block by key block
         loragate::dot_rows(rows, qt, c.q_row_stride, hd, keys + b * (hd / 2) * 2 * kDotCols, sums);
         for (int m = 0; m < rows; m++)
-            for (int j = 0; j < 4; j++)  // round to bf16 (nearest even), times the scale
-                _mm512_storeu_ps(
-                    scores + m * width + b * kDotCols + 16 * j,
-                    _mm512_mul_ps(loragate::bf16_rounded(_mm512_loadu_ps(sums[m] + 16 * j)),
-                                  scale));
+            std::memcpy(scores + m * width + b * kDotCols, sums[m], sizeof sums[m]);
     }
     const int64_t used = round_up(visible, 2);  // keys the values pass reads: pairs
-    for (int m = 0; m < rows; m++) {  // softmax over what row m sees, zeros after
-        float* s = scores + m * width;
-        uint16_t* p = probs + m * 2 * pairs;
-        const int64_t seen = c.offset + t0 + m + 1;
-        const __m512 inv = _mm512_set1_ps(loragate::softmax_unnormalised(s, seen));
-        for (int64_t j = 0; j < seen; j += 16) {  // rounded to bf16 (nearest even), 16 at a time
-            const __mmask16 lanes = seen - j >= 16 ? 0xffff : __mmask16((1u << (seen - j)) - 1);
-            const __m256bh half = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(s + j), inv));
-            _mm256_mask_storeu_epi16(p + j, lanes, (__m256i)half);
-        }
-        for (int64_t j = seen; j < used; j++) p[j] = 0;
-    }
+    for (int m = 0; m < rows; m++)  // softmax over what row m sees, zeros after
+        loragate::softmax_row_bf16(scores + m * width, c.offset + t0 + m + 1, used, c.scale,
+                                   probs + m * p_width);
     for (int64_t db = 0; db < hd / kDotCols; db++) {  // values, 64 dimensions at a time
-        loragate::dot_rows(rows, probs, 2 * pairs, used, values + db * pairs * 2 * kDotCols, sums);
+        loragate::dot_rows(rows, probs, p_width, used, values + db * pairs * 2 * kDotCols, sums);
         for (int m = 0; m < rows; m++) {
             uint16_t* o = out + ((t0 + m) * c.num_heads + head) * hd + db * kDotCols;
             for (int j = 0; j < 4; j++)
@@ -363,7 +350,7 @@ void prefill_attention_bf16(const uint16_t* q, int64_t q_row_stride, int64_t q_h
         },
         [&] {
             return [&, scores = std::vector<float>(kDotRows * round_up(c.context, kDotCols)),
-                    probs = std::vector<uint16_t>(kDotRows * round_up(c.context, 2))](
+                    probs = std::vector<uint16_t>(kDotRows * round_up(c.context, 16))](
                        int64_t head, int64_t kv, int64_t t0, int rows) mutable {
                 attend_tile(q, keys.data() + kv * key_values, values.data() + kv * value_values,
                             head, t0, rows, c, scores.data(), probs.data(), out);

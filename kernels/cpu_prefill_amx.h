@@ -1,6 +1,6 @@
 // The AMX form of a prefill chunk's bf16 attention (kernels/cpu_prefill.cpp states what it
 // computes): the same roundings, the two products by tdpbf16ps tiles and the softmax 16 lanes
-// at a time (softmax_row: within a float32 rounding of the other paths').
+// at a time (softmax_row_bf16 in cpu_softmax_bf16.h).
 //
 // Why: on an AMX Xeon vdpbf16ps issues at half the EPYC's rate, so the dot-product tile ran the
 // mixed-lengths workload's prefill attention at ~0.16 TFLOP/s and the start-up timing kept
@@ -27,7 +27,7 @@
 #include <cstring>
 
 #include "cpu_bf16.h"
-#include "cpu_math.h"
+#include "cpu_softmax_bf16.h"
 
 namespace loragate {
 
@@ -108,48 +108,6 @@ struct AmxPrefill {
         uint16_t* queries;
     };
 
-    // A row of scores as the scores pass left them (float32 sums) -> its probabilities p[0,
-    // used): score = round(sum) * scale over the `seen` keys, their softmax rounded to bf16,
-    // zeros after. 16 at a time: the max of the sums (rounding and a positive scale keep the
-    // order, so the max score is the max sum's), then each score, its exp
-    // (exp_nonpositive16_fast) and the sum in 16 lanes, two vectors a step (the polynomial is a
-    // chain of dependent steps), added across lanes last: another order than
-    // softmax_unnormalised's loop, within a float32 rounding. Then the normalising multiply and
-    // rounding. The last partial 16 is padded with -inf, whose exp is 0.
-    static void softmax_row(float* sc, int64_t seen, int64_t used, float scale, uint16_t* p) {
-        const __m512 minus_inf = _mm512_set1_ps(-__builtin_inff());
-        const int64_t n16 = (seen + 15) / 16 * 16;
-        if (seen < n16) {
-            const __mmask16 pad = __mmask16(0xffff << (seen + 16 - n16));
-            _mm512_mask_storeu_ps(sc + n16 - 16, pad, minus_inf);
-        }
-        __m512 top = minus_inf;
-        for (int64_t j = 0; j < n16; j += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(sc + j));
-        const __m512 scale_v = _mm512_set1_ps(scale);
-        const __m512 top_v = _mm512_mul_ps(bf16_rounded(_mm512_set1_ps(_mm512_reduce_max_ps(top))),
-                                           scale_v);
-        const auto exp_at = [&](int64_t j) {
-            const __m512 score = _mm512_mul_ps(bf16_rounded(_mm512_loadu_ps(sc + j)), scale_v);
-            const __m512 e = exp_nonpositive16_fast(_mm512_sub_ps(score, top_v));
-            _mm512_storeu_ps(sc + j, e);
-            return e;
-        };
-        __m512 total0 = _mm512_setzero_ps(), total1 = _mm512_setzero_ps();
-        int64_t j = 0;
-        for (; j + 32 <= n16; j += 32) {
-            total0 = _mm512_add_ps(total0, exp_at(j));
-            total1 = _mm512_add_ps(total1, exp_at(j + 16));
-        }
-        if (j < n16) total0 = _mm512_add_ps(total0, exp_at(j));
-        const __m512 inv =
-            _mm512_set1_ps(1.f / _mm512_reduce_add_ps(_mm512_add_ps(total0, total1)));
-        for (j = 0; j < n16; j += 16)  // rounded to bf16 (nearest even); past `seen` exp is 0
-            _mm256_storeu_si256(
-                reinterpret_cast<__m256i*>(p + j),
-                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(sc + j), inv)));
-        for (j = n16; j < used; j++) p[j] = 0;
-    }
-
     // out[(t0 + m) * num_heads + head] for m < rows (<= 32), as cpu_prefill.cpp's attend_tile
     // computes it: score = round(q . key) * scale, p = round(softmax), out = round(sum p value).
     static void tile(const uint16_t* q, int64_t q_row_stride, int64_t q_head_stride,
@@ -196,7 +154,7 @@ struct AmxPrefill {
             if (m >= rows)  // a padding row: zeros, so its sums stay finite
                 std::memset(p, 0, used * sizeof(uint16_t));
             else
-                softmax_row(s.scores + m * width, offset + t0 + m + 1, used, scale, p);
+                softmax_row_bf16(s.scores + m * width, offset + t0 + m + 1, used, scale, p);
         }
         for (int64_t d = 0; d < kDimTiles; d += 2) {  // values, 32 dimensions at a time
             _tile_zero(0);

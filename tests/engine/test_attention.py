@@ -164,8 +164,14 @@ def test_the_native_prefill_kernel_reads_each_segments_keys_from_the_cache() -> 
             prefill_kernel=native_prefill() if form == "kernel" else None,
         )
         outs[form] = paged_attention(q, k, v, k_cache, v_cache, meta, head_dim**-0.5)
+    # Within a bf16 step of the matmul form, but where the kernel's softmax (summed 16 lanes at
+    # a time, cpu_softmax_bf16.h) rounds a probability the other way: then that row moves by
+    # at most the probability's bf16 step times a value. Keys read from the wrong slots would
+    # be off by far more, everywhere.
+    diff = (outs["kernel"].float() - outs["matmul"].float()).abs()
     step = outs["matmul"].float().abs().clamp_min(2**-20) * 2**-7
-    assert ((outs["kernel"].float() - outs["matmul"].float()).abs() <= step).all()
+    assert (diff <= step).float().mean() > 0.999
+    assert diff.max() <= 2**-8 * v_cache.float().abs().max()
     assert (outs["kernel"] == outs["matmul"]).float().mean() > 0.95
 
 
