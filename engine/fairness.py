@@ -35,14 +35,17 @@ class VirtualTokenCounter:
         return dict(self._served)
 
     def on_arrival(self, tenant: str) -> None:
-        if self._active[tenant] == 0:
+        becomes_active = self._active[tenant] == 0
+        if becomes_active:
             lowest = self._min_active()
             if lowest is not None:
                 self._served[tenant] = max(self._served.get(tenant, 0), lowest)
             else:
                 self._served.setdefault(tenant, 0)
-            self._push(tenant)
         self._active[tenant] += 1
+        # after the count: a push may rebuild the heap from the active tenants, this one included
+        if becomes_active:
+            self._push(tenant)
 
     def on_finish(self, tenant: str) -> None:
         self._active[tenant] -= 1

@@ -53,3 +53,23 @@ def test_lift_matches_the_scan(ops):
             scan.charge(tenant, num_tokens)
         vtc.check_invariants()
         assert {t: vtc.served(t) for t in scan.served} == scan.served
+
+
+def test_an_arrival_that_rebuilds_the_heap_keeps_its_own_entry() -> None:
+    """The heap is rebuilt from the active tenants when stale entries pile up. A tenant becoming
+    active must already count as active when its entry goes in: rebuilt before that, the heap
+    lost it, and once the tenant it tied with was charged the active minimum skipped it (found
+    by the scheduler's reference test in CI, session 21). Every pile size is tried, so one of
+    them puts the rebuild at the arrival."""
+    for cycles in range(40):
+        vtc = VirtualTokenCounter()
+        vtc.on_arrival("heavy")
+        vtc.charge("heavy", 5)
+        for _ in range(cycles):  # stale entries above heavy's, never at the top
+            vtc.on_arrival("other")
+            vtc.charge("other", 100)
+            vtc.on_finish("other")
+        vtc.on_arrival("light")  # lifted to heavy's 5
+        vtc.charge("heavy", 1)  # light alone holds the minimum now
+        assert vtc.served("light") == 5
+        vtc.check_invariants()
