@@ -244,9 +244,12 @@ def test_priorities_follow_vllm_order(
     vllm_servers: list[VllmServer], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """On the server that runs one request at a time, a realtime request queued after a batch
-    one is served first: tiers map to vLLM priorities (lower first)."""
+    one is served first: tiers map to vLLM priorities (lower first). The order says something
+    only where all three requests were on the server at once: a try in which the long one ended
+    before the realtime request arrived is run again (twice at most), not judged."""
     env = vllm_gateway_env(tiny_model_dir, tmp_path, vllm_servers[1:])
     gateway = start_gateway(env, tmp_path)
+    server = vllm_servers[1]
     try:
         batch, realtime = gateway.tenant(tier="batch"), gateway.tenant(tier="realtime")
         finished: list[str] = []
@@ -256,28 +259,41 @@ def test_priorities_follow_vllm_order(
                  extra_body={"ignore_eos": True})  # fmt: skip
             finished.append(name)
 
-        # long enough that the other two queue behind it: 400 tokens of the tiny model once
-        # finished before the second request was seen waiting (a clean-clone run, session 6)
-        filler = threading.Thread(target=ask, args=(batch, "filler", 1900))
-        filler.start()
-        assert until(lambda: vllm_servers[1].metric("vllm:num_requests_running") >= 1)
-        queued = [threading.Thread(target=ask, args=(batch, "batch", 4))]
-        queued[0].start()
-        # polled gently and for longer: on a 2-core AMX VM (the filler runs ~17 s there) the
-        # queued request was not seen waiting within 10 s of 20 scrapes a second in one run of
-        # two; like this it was in 3 of 3. (The guess: the server decoding the filler leaves
-        # its API process little CPU, and the scrapes take some of it.)
-        waiting = lambda: vllm_servers[1].metric("vllm:num_requests_waiting") >= 1  # noqa: E731
-        assert until(waiting, timeout_s=15, every_s=0.5)
-        queued.append(threading.Thread(target=ask, args=(realtime, "realtime", 4)))
-        queued[1].start()
-        for thread in (filler, *queued):
-            thread.join(timeout=300)
-        assert sorted(finished) == ["batch", "filler", "realtime"]
-        # realtime, queued last, is served before batch; vLLM may also preempt the running
-        # filler for it (its priority scheduler does when no seat is free), so where the filler
-        # ends depends on timing and is not asserted
-        assert finished.index("realtime") < finished.index("batch")
+        def on_server() -> float:
+            return server.metric("vllm:num_requests_running") + server.metric(
+                "vllm:num_requests_waiting"
+            )
+
+        for _ in range(3):
+            finished.clear()
+            # long enough that the other two queue behind it: 400 tokens of the tiny model once
+            # finished before the second request was seen waiting (a clean-clone run, session 6)
+            filler = threading.Thread(target=ask, args=(batch, "filler", 1900))
+            filler.start()
+            assert until(lambda: server.metric("vllm:num_requests_running") >= 1)
+            queued = [threading.Thread(target=ask, args=(batch, "batch", 4))]
+            queued[0].start()
+            # polled gently and for longer: on a 2-core AMX VM (the filler runs ~17 s there)
+            # the queued request was not seen waiting within 10 s of 20 scrapes a second in one
+            # run of two; like this it was in 3 of 3. (The guess: the server decoding the
+            # filler leaves its API process little CPU, and the scrapes take some of it.)
+            waiting = lambda: server.metric("vllm:num_requests_waiting") >= 1  # noqa: E731
+            assert until(waiting, timeout_s=15, every_s=0.5)
+            queued.append(threading.Thread(target=ask, args=(realtime, "realtime", 4)))
+            queued[1].start()
+            # batch served before realtime once on the AMX Xeon (session 20): the filler had
+            # ended before realtime reached the server, so batch went first by arrival
+            all_three = until(lambda: on_server() >= 3, timeout_s=15, every_s=0.5)
+            for thread in (filler, *queued):
+                thread.join(timeout=300)
+            assert sorted(finished) == ["batch", "filler", "realtime"]
+            if all_three:
+                # realtime, queued last, is served before batch; vLLM may also preempt the
+                # running filler for it (its priority scheduler does when no seat is free), so
+                # where the filler ends depends on timing and is not asserted
+                assert finished.index("realtime") < finished.index("batch")
+                return
+        pytest.fail("in 3 tries the filler ended before the realtime request reached the server")
     finally:
         gateway.stop()
 
