@@ -140,12 +140,13 @@ def test_stop_string_aborts_the_vllm_request(
     stop = text[8:12]
     assert stop.strip() and text.index(stop) >= 1
     before_aborts, before_tokens = aborts(vllm_servers), generated(vllm_servers)
-    before_rows = len(usage_rows(workdir, tenant.tenant_id))
     cut = chat(client, "Go on.", max_tokens=1500, temperature=0, stop=[stop],
                extra_body={"ignore_eos": True})  # fmt: skip
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].message.content == text[: text.index(stop)]
-    row = rows_when_written(workdir, tenant.tenant_id, before_rows + 1)[-1]
+    # by request id: the first request's row is written after its response, and once came in
+    # after a count of rows taken here, so "the newest row" was that one (session 21's CI)
+    row = rows_for_requests(workdir, tenant.tenant_id, {cut.id})[cut.id]
     assert row["finish_reason"] == "stop"
     # The gateway aborted the engine request: vLLM counts one abort, and stopped far short of
     # 1500 tokens; the ledger holds what vLLM produced, its last event read after the abort.
@@ -163,7 +164,7 @@ def test_stop_string_aborts_the_vllm_request(
     )
     assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == "stop"
     assert until(lambda: aborts(vllm_servers) - before_aborts == 2)
-    row = rows_when_written(workdir, tenant.tenant_id, before_rows + 2)[-1]
+    row = rows_for_requests(workdir, tenant.tenant_id, {chunks[0].id})[chunks[0].id]
     assert row["finish_reason"] == "stop"
     assert row["completion_tokens"] == chunks[-1].usage.completion_tokens < 1500
 
@@ -173,7 +174,6 @@ def test_a_client_that_leaves_is_aborted_on_vllm(
 ) -> None:
     gateway, workdir = vllm_gateway
     before_aborts = aborts(vllm_servers)
-    before_rows = len(usage_rows(workdir, tenant.tenant_id))
     # 2000 of the 2048 the server allows: vLLM once finished all 1500 tokens before the
     # client's leaving reached it (usage then says "stop"), as in the engine-kill test below
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Long."}], "stream": True,
@@ -182,10 +182,13 @@ def test_a_client_that_leaves_is_aborted_on_vllm(
     with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, headers=headers,
                       timeout=60) as response:  # fmt: skip
         assert response.status_code == 200
-        for i, _ in enumerate(response.iter_lines()):
+        request_id = ""
+        for i, line in enumerate(response.iter_lines()):
+            if not request_id and line.startswith("data: {"):
+                request_id = json.loads(line[6:])["id"]
             if i >= 10:
                 break  # leave mid-stream
-    row = rows_when_written(workdir, tenant.tenant_id, before_rows + 1)[-1]
+    row = rows_for_requests(workdir, tenant.tenant_id, {request_id})[request_id]
     assert row["finish_reason"] == "abort"
     assert 3 <= row["completion_tokens"] < 2000
     assert until(lambda: aborts(vllm_servers) - before_aborts == 1)
@@ -376,7 +379,6 @@ def test_engine_killed_mid_stream(
     """Last: it leaves one server. The stream on the killed server ends with an error event and
     [DONE], its usage is recorded, and the other server takes new requests."""
     gateway, workdir = vllm_gateway
-    before_rows = len(usage_rows(workdir, tenant.tenant_id))
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Long story."}],
             "stream": True, "max_tokens": 2000, "ignore_eos": True}  # fmt: skip
     # 2000 of the 2048 the server allows: on a fast machine vLLM once streamed all of 1500
@@ -387,7 +389,10 @@ def test_engine_killed_mid_stream(
                       timeout=60) as response:  # fmt: skip
         assert response.status_code == 200
         lines = response.iter_lines()
+        request_id = ""
         for line in lines:
+            if line.startswith("data: {"):
+                request_id = request_id or json.loads(line[6:])["id"]
             if line.startswith("data: {") and json.loads(line[6:])["choices"]:
                 contents += 1
             if contents >= 5:
@@ -400,7 +405,7 @@ def test_engine_killed_mid_stream(
         rest = [line for line in lines if line.startswith("data: ")]
     assert rest[-1] == "data: [DONE]"
     assert json.loads(rest[-2][6:])["error"]["type"] == "server_error"
-    row = rows_when_written(workdir, tenant.tenant_id, before_rows + 1)[-1]
+    row = rows_for_requests(workdir, tenant.tenant_id, {request_id})[request_id]
     assert row["finish_reason"] == "error" and row["completion_tokens"] >= 4
     client = sdk(gateway, tenant.key)
     before = survivor.metric("vllm:request_success_total")
