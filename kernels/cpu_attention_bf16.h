@@ -128,8 +128,7 @@ struct DotPasses : NoTileState {
         const __m512 scale_v = _mm512_set1_ps(scale);
         constexpr int64_t kKept = 16;  // heads whose bf16 query stays in registers
         __m512bh queries[kKept][kPairs];  // each head back in bf16 (exact: it was bf16)
-        for (int64_t g = 0; g < group; g++)
-            if (g < kKept) to_bf16(qf + g * HD, queries[g]);
+        for (int64_t g = 0; g < group && g < kKept; g++) to_bf16(qf + g * HD, queries[g]);
         const BFloat16* keys[16];
         int64_t block = 0, offset = 0;  // where key t0 lies: walked, not divided out per key
         for (int64_t t0 = 0; t0 < length; t0 += 16) {
@@ -138,7 +137,8 @@ struct DotPasses : NoTileState {
                 if (offset == 0) {
                     for (int64_t d = block == 0 ? 1 : kAhead; d <= kAhead; d++)  // blocks on
                         if ((block + d) * bs < length)
-                            prefetch_block<_MM_HINT_T1>(k_head + table[block + d] * bs * HD, bs * HD);
+                            prefetch_block<_MM_HINT_T1>(k_head + table[block + d] * bs * HD,
+                                                        bs * HD);
                     prefetch_block<_MM_HINT_T1>(v_head + table[block] * bs * HD, bs * HD);
                     ahead.keys(block, bs, HD);
                 }
