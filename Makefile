@@ -8,7 +8,7 @@ TORCH := torch==2.13.0
 MODEL_DIR ?= .cache/models
 PYTEST_ARGS ?=
 
-.PHONY: install run test browser-deps test-slow test-chaos test-vllm vllm-venv lint format bench bench-quick engine clean
+.PHONY: install run test browser-deps test-slow test-chaos test-gpu test-vllm vllm-venv lint format bench bench-quick engine clean
 
 # Install order matters: the CPU torch first, then everything else with torch pinned, or pip
 # resolves a CUDA build and gigabytes of CUDA packages.
@@ -88,6 +88,11 @@ vllm-venv: $(VLLM_STAMP)
 
 # The gateway on real `vllm serve --tokens-only` servers (tests/vllm, and the OpenAI SDK session
 # of tests/e2e on vLLM engines); the first run builds the venv above.
+# The gpu-marked tests (Triton kernels compiled for the GPU, the engine on CUDA against
+# transformers and PEFT): only where a CUDA device is present; CI has none.
+test-gpu: $(STAMP)
+	TRITON_INTERPRET=0 $(BIN)/python -m pytest -m gpu $(PYTEST_ARGS)
+
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	LORAGATE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -m vllm $(PYTEST_ARGS)
 

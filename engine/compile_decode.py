@@ -89,14 +89,16 @@ class CompiledDecode:
     @torch.inference_mode()
     def warm_up(self) -> None:
         """Compile (or load from the cache) and run every compile size once, at start-up."""
+        # On the model's device: a graph traced with CPU indices and CUDA weights fails to trace.
+        device = self.kv_caches[0][0].device
         for size in self.sizes:
             num_blocks = 2
             self.forward(
-                torch.zeros(size, dtype=torch.long),
-                torch.zeros(size, dtype=torch.long),
-                torch.full((size,), self.scratch_block * self.block_size, dtype=torch.long),
-                torch.full((size, num_blocks), self.scratch_block, dtype=torch.long),
-                torch.ones(size, dtype=torch.long),
+                torch.zeros(size, dtype=torch.long, device=device),
+                torch.zeros(size, dtype=torch.long, device=device),
+                torch.full((size,), self.scratch_block * self.block_size, device=device),
+                torch.full((size, num_blocks), self.scratch_block, device=device),
+                torch.ones(size, dtype=torch.long, device=device),
             )
 
     def forward(
