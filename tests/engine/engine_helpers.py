@@ -101,6 +101,54 @@ def capture_step_logits(engine: LLMEngine) -> dict[str, list[torch.Tensor]]:
     return captured
 
 
+def transformers_greedy(
+    model_dir: object, prompts: list[list[int]], max_tokens: list[int], device: str = "cpu"
+) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """The oracle: per prompt, transformers `generate`'s greedy tokens (EOS not special: the
+    engine runs with ignore_eos) and the first step's logits (float32, on the CPU)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    # generate must neither stop at EOS nor suppress it (which min_new_tokens would do)
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    tokens, logits = [], []
+    with torch.no_grad():
+        for prompt, n in zip(prompts, max_tokens, strict=True):
+            ids = torch.tensor([prompt], device=device)
+            logits.append(hf(ids).logits[0, -1].float().cpu())
+            out = hf.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n
+            )
+            tokens.append(out[0, len(prompt) :].tolist())
+    return tokens, logits
+
+
+def check_greedy_parity(
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    max_tokens: list[int],
+    reference: Callable[[], tuple[list[list[int]], list[torch.Tensor]]],
+    tolerance: float,
+) -> None:
+    """Every prompt in flight together, greedy: each request's tokens equal the reference's
+    (`reference()`: transformers_greedy's tokens and first-step logits) and its first-step
+    logits lie within `tolerance`; every KV block comes back; the compiled decode path ran
+    exactly where the engine has one."""
+    num_compiled = count_compiled_steps(engine)
+    first_logits = capture_first_logits(engine)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(request(f"p{i}", prompt, max_tokens=max_tokens[i]))
+    collected = run_to_completion(engine)
+    ref_tokens, ref_logits = reference()
+    for i, prompt in enumerate(prompts):
+        assert collected.tokens_of(f"p{i}") == ref_tokens[i], f"prompt {i} (length {len(prompt)})"
+        diff = (first_logits[f"p{i}"].cpu() - ref_logits[i]).abs().max().item()
+        assert diff < tolerance, f"prompt {i}: first-step logits differ by {diff}"
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert (num_compiled() > 0) == (engine.runner.compiled is not None)
+
+
 def random_prompts(seed: int, lengths: Iterable[int], vocab: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]

@@ -13,17 +13,14 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from tests.engine.engine_helpers import (
     REFERENCE_TOLERANCE,
-    capture_first_logits,
-    count_compiled_steps,
+    check_greedy_parity,
     random_prompts,
-    request,
-    run_to_completion,
+    transformers_greedy,
 )
 
 pytestmark = pytest.mark.gpu
@@ -40,22 +37,6 @@ def no_tf32() -> Iterator[None]:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
-
-
-def transformers_on_cuda(model_dir, prompts):  # type: ignore[no-untyped-def]
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
-    hf.generation_config.eos_token_id = None  # the engine runs with ignore_eos
-    hf.generation_config.pad_token_id = 0
-    tokens, logits = [], []
-    with torch.no_grad():
-        for prompt, max_tokens in zip(prompts, MAX_TOKENS, strict=True):
-            ids = torch.tensor([prompt], device="cuda")
-            logits.append(hf(ids).logits[0, -1].float().cpu())
-            out = hf.generate(
-                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_tokens
-            )
-            tokens.append(out[0, len(prompt) :].tolist())
-    return tokens, logits
 
 
 @pytest.mark.parametrize(
@@ -81,17 +62,12 @@ def test_greedy_parity_on_cuda(model_factory, tmp_path_factory, family, budget, 
         )
     )
     assert engine.runner.device.type == "cuda"
-    num_compiled = count_compiled_steps(engine)
     prompts = random_prompts(seed=99, lengths=LENGTHS, vocab=engine.vocab_size)
-    first_logits = capture_first_logits(engine)
-    for i, prompt in enumerate(prompts):
-        engine.add_request(request(f"p{i}", prompt, max_tokens=MAX_TOKENS[i]))
-    collected = run_to_completion(engine)
-
-    ref_tokens, ref_logits = transformers_on_cuda(model_dir, prompts)
-    for i in range(len(LENGTHS)):
-        assert collected.tokens_of(f"p{i}") == ref_tokens[i], f"prompt {i} (length {LENGTHS[i]})"
-        diff = (first_logits[f"p{i}"].cpu() - ref_logits[i]).abs().max().item()
-        assert diff < REFERENCE_TOLERANCE, f"prompt {i}: first-step logits differ by {diff}"
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
-    assert (num_compiled() > 0) == (not enforce_eager)
+    check_greedy_parity(
+        engine,
+        prompts,
+        MAX_TOKENS,
+        lambda: transformers_greedy(model_dir, prompts, MAX_TOKENS, "cuda"),
+        REFERENCE_TOLERANCE,
+    )
+    assert (engine.runner.compiled is None) == enforce_eager

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from tests.engine.engine_helpers import (
     FAST_TOLERANCE,
     REFERENCE_TOLERANCE,
-    capture_first_logits,
-    count_compiled_steps,
+    check_greedy_parity,
     random_prompts,
-    request,
-    run_to_completion,
+    transformers_greedy,
 )
 
 NUM_PROMPTS = 32
@@ -36,24 +33,7 @@ _references: dict[tuple[str, bool], tuple[list[list[int]], list[torch.Tensor]]] 
 def transformers_reference(model_dir, key, prompts):  # type: ignore[no-untyped-def]
     """Per-prompt greedy generate and first-step logits (cached per model within the run)."""
     if key not in _references:
-        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        # The engine runs with ignore_eos: generate must not stop at EOS either (and must not
-        # suppress it, which min_new_tokens would do).
-        hf.generation_config.eos_token_id = None
-        hf.generation_config.pad_token_id = 0
-        tokens, logits = [], []
-        with torch.no_grad():
-            for prompt, max_tokens in zip(prompts, MAX_TOKENS, strict=True):
-                ids = torch.tensor([prompt])
-                logits.append(hf(ids).logits[0, -1].float())
-                out = hf.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    do_sample=False,
-                    max_new_tokens=max_tokens,
-                )
-                tokens.append(out[0, len(prompt) :].tolist())
-        _references[key] = (tokens, logits)
+        _references[key] = transformers_greedy(model_dir, prompts, MAX_TOKENS)
     return _references[key]
 
 
@@ -115,17 +95,12 @@ def test_greedy_parity_with_transformers(
     if prefill_attention == "matmul":
         assert engine.runner.prefill_softmax is not None
     tolerance = FAST_TOLERANCE if fast else REFERENCE_TOLERANCE
-    num_compiled = count_compiled_steps(engine)
     prompts = random_prompts(seed=1234, lengths=LENGTHS, vocab=engine.vocab_size)
-    first_logits = capture_first_logits(engine)
-    for i, prompt in enumerate(prompts):
-        engine.add_request(request(f"p{i}", prompt, max_tokens=MAX_TOKENS[i]))
-    collected = run_to_completion(engine)
-
-    ref_tokens, ref_logits = transformers_reference(model_dir, (family, tie), prompts)
-    for i in range(NUM_PROMPTS):
-        assert collected.tokens_of(f"p{i}") == ref_tokens[i], f"prompt {i} (length {LENGTHS[i]})"
-        diff = (first_logits[f"p{i}"] - ref_logits[i]).abs().max().item()
-        assert diff < tolerance, f"prompt {i}: first-step logits differ by {diff}"
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
-    assert (num_compiled() > 0) == (not enforce_eager)
+    check_greedy_parity(
+        engine,
+        prompts,
+        MAX_TOKENS,
+        lambda: transformers_reference(model_dir, (family, tie), prompts),
+        tolerance,
+    )
+    assert (engine.runner.compiled is None) == enforce_eager

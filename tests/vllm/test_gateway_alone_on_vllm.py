@@ -52,7 +52,11 @@ def test_priorities_follow_vllm_order(
             filler = threading.Thread(target=ask, args=(batch, "filler", 1900))
             filler.start()
             assert until(lambda: server.metric("vllm:num_requests_running") >= 1)
-            queued = [threading.Thread(target=ask, args=(batch, "batch", 4))]
+            # batch asks for 48 tokens, realtime for 4: served in either order, the two end
+            # ~0.5 s apart, not within the few ms that the client threads' own timing can swap
+            # (batch's 4 tokens were once seen finishing first although realtime went first
+            # on the server: session 22)
+            queued = [threading.Thread(target=ask, args=(batch, "batch", 48))]
             queued[0].start()
             # polled gently and for longer: on a 2-core AMX VM (the filler runs ~17 s there)
             # the queued request was not seen waiting within 10 s of 20 scrapes a second in one
