@@ -86,13 +86,13 @@ $(VLLM_STAMP):
 
 vllm-venv: $(VLLM_STAMP)
 
-# The gateway on real `vllm serve --tokens-only` servers (tests/vllm, and the OpenAI SDK session
-# of tests/e2e on vLLM engines); the first run builds the venv above.
 # The gpu-marked tests (Triton kernels compiled for the GPU, the engine on CUDA against
 # transformers and PEFT): only where a CUDA device is present; CI has none.
 test-gpu: $(STAMP)
 	TRITON_INTERPRET=0 $(BIN)/python -m pytest -m gpu $(PYTEST_ARGS)
 
+# The gateway on real `vllm serve --tokens-only` servers (tests/vllm, and the OpenAI SDK session
+# of tests/e2e on vLLM engines); the first run builds the venv above.
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	LORAGATE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -m vllm $(PYTEST_ARGS)
 

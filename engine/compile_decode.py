@@ -91,13 +91,14 @@ class CompiledDecode:
         """Compile (or load from the cache) and run every compile size once, at start-up."""
         # On the model's device: a graph traced with CPU indices and CUDA weights fails to trace.
         device = self.kv_caches[0][0].device
+        scratch_slot = self.scratch_block * self.block_size
         for size in self.sizes:
             num_blocks = 2
             self.forward(
                 torch.zeros(size, dtype=torch.long, device=device),
                 torch.zeros(size, dtype=torch.long, device=device),
-                torch.full((size,), self.scratch_block * self.block_size, device=device),
-                torch.full((size, num_blocks), self.scratch_block, device=device),
+                torch.full((size,), scratch_slot, dtype=torch.long, device=device),
+                torch.full((size, num_blocks), self.scratch_block, dtype=torch.long, device=device),
                 torch.ones(size, dtype=torch.long, device=device),
             )
 

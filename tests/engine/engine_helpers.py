@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -102,7 +103,7 @@ def capture_step_logits(engine: LLMEngine) -> dict[str, list[torch.Tensor]]:
 
 
 def transformers_greedy(
-    model_dir: object, prompts: list[list[int]], max_tokens: list[int], device: str = "cpu"
+    model_dir: Path, prompts: list[list[int]], max_tokens: list[int], device: str = "cpu"
 ) -> tuple[list[list[int]], list[torch.Tensor]]:
     """The oracle: per prompt, transformers `generate`'s greedy tokens (EOS not special: the
     engine runs with ignore_eos) and the first step's logits (float32, on the CPU)."""
