@@ -332,6 +332,25 @@ def test_the_fma_path_in_bf16(rows: int, tmp_path: Path) -> None:
 
 
 @needs_fma
+@pytest.mark.parametrize("silu", [False, True])
+def test_the_fma_path_widens_a_slab_once_for_many_rows_with_the_same_bits(
+    silu: bool, tmp_path: Path
+) -> None:
+    """On the FMA path a work item of four or more row tiles widens each bf16 panel slab to
+    float32 once and runs the float32 loop over it; fewer rows widen the weights as they read
+    them. The products and their order are the same: so are the bits, row by row."""
+    fma = NativeMatmul(build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512f",)))
+    x, w, b, _ = _case(100, 320, 768, bias=True, seed=7)
+    packed = fma.pack(w)
+    run = (lambda rows: fma.silu(rows, packed, 160, b)) if silu else (
+        lambda rows: fma(rows, packed, 320, b)
+    )
+    whole = run(x)  # 96 + 4 rows: the first item widens (16 tiles), the second does not
+    for r in range(0, 100, 6):  # one tile each: widened as read
+        assert torch.equal(run(x[r : r + 6]), whole[r : r + 6]), r
+
+
+@needs_fma
 @pytest.mark.parametrize("rows", [1, 6, 13, 100])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_fused_silu_in_float32(rows: int, bias: bool) -> None:
