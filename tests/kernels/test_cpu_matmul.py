@@ -342,9 +342,10 @@ def test_the_fma_path_widens_a_slab_once_for_many_rows_with_the_same_bits(
     fma = NativeMatmul(build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512f",)))
     x, w, b, _ = _case(100, 320, 768, bias=True, seed=7)
     packed = fma.pack(w)
-    run = (lambda rows: fma.silu(rows, packed, 160, b)) if silu else (
-        lambda rows: fma(rows, packed, 320, b)
-    )
+
+    def run(rows: torch.Tensor) -> torch.Tensor:
+        return fma.silu(rows, packed, 160, b) if silu else fma(rows, packed, 320, b)
+
     whole = run(x)  # 96 + 4 rows: the first item widens (16 tiles), the second does not
     for r in range(0, 100, 6):  # one tile each: widened as read
         assert torch.equal(run(x[r : r + 6]), whole[r : r + 6]), r
