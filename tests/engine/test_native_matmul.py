@@ -236,10 +236,13 @@ def test_the_timing_compares_the_same_matmuls() -> None:
 def test_the_timing_runs_a_fused_gate_up_projection_with_its_silu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """As a step runs it: the kernel's one pass with the SiLU against oneDNN's matmul and then
-    silu_mul (what the step would run beside it)."""
+    """As a step runs it: the kernel's one pass with the SiLU against the reference matmul
+    (oneDNN's, or F.linear where oneDNN has no bf16 kernels: AVX2) and then silu_mul (what the
+    step would run beside it)."""
     torch.manual_seed(0)
-    gate_up = PackedLinear(nn.Linear(64, 128, bias=False).to(torch.bfloat16))
+    gate_up = PackedLinear(
+        nn.Linear(64, 128, bias=False).to(torch.bfloat16), onednn=can_pack(torch.bfloat16, CPU)
+    )
     gate_up.use_native(kernel_of(), max_rows=0, gate_up_width=64)
     kernel = gate_up.native[0] if gate_up.native is not None else None
     assert kernel is not None
