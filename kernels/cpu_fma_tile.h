@@ -37,19 +37,15 @@ constexpr int64_t kPanelCols = 16;  // outputs per panel
 constexpr int kFmaRows = 6;
 
 // 8 outputs' pairs of bf16 weights (one register) widened to float32: the even inputs by a shift
-// left, the odd ones by clearing the even halves with an AND whose mask is read from memory,
-// so it takes no register. Why not two shifts: on Zen 3 vector shifts issue on one of the two
-// FMA pipes, and the odd inputs' two shifts a pair took FMA slots (an AND issues on any of
-// the four vector pipes); GCC would hoist the mask into a register (the 16th), hence the asm.
+// left, the odd ones by clearing the even halves with an AND. Why not two shifts: on Zen 3
+// vector shifts issue on one of the two FMA pipes and took FMA slots; an AND issues on any of
+// the four vector pipes.
 inline __m256i pairs(const uint16_t* w) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
 }
 inline __m256 even_inputs(const uint16_t* w) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(pairs(w), 16));
 }
-alignas(32) inline constexpr uint32_t kOddHalves[8] = {
-    0xffff0000u, 0xffff0000u, 0xffff0000u, 0xffff0000u,
-    0xffff0000u, 0xffff0000u, 0xffff0000u, 0xffff0000u};
 inline __m256 odd_inputs(const uint16_t* w) {
     return _mm256_castsi256_ps(_mm256_and_si256(pairs(w), _mm256_set1_epi32(0xffff0000u)));
 }
