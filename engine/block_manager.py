@@ -119,7 +119,22 @@ class BlockManager:
                 seq.block_table.append(block_id)
             seq.block_hashes = list(hit.keys)
             seq.num_computed_tokens = hit.num_blocks * self.block_size
-        needed = self.num_blocks_for(seq.num_computed_tokens + num_new_tokens)
+        self._append_blocks(seq, self.num_blocks_for(seq.num_computed_tokens + num_new_tokens))
+
+    def grow(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """allocate() for a sequence already running (no prefix hit) if the free blocks suffice;
+        False, taking nothing, if not. One call per running sequence per step, and most of
+        them (decodes inside their last block) need no block: that case returns at once."""
+        needed = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        missing = needed - len(seq.block_table)
+        if missing <= 0:
+            return True
+        if missing > len(self._free):
+            return False
+        self._append_blocks(seq, needed)
+        return True
+
+    def _append_blocks(self, seq: Sequence, needed: int) -> None:
         while len(seq.block_table) < needed:
             block_id, _ = self._free.take_next(seq.block_table[-1] if seq.block_table else None)
             block = self.blocks[block_id]

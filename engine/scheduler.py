@@ -121,17 +121,26 @@ class Scheduler:
         waited = self.num_steps - seq.arrival_step
         return seq.priority - waited // self.config.aging_steps
 
-    def rank_key(self, seq: Sequence) -> tuple[int, int]:
-        """Order for running sequences: the last one is the preemption victim."""
+    def sort_running(self) -> None:
+        """Best first: the last one is the preemption victim. By (aged level, arrival order),
+        or arrival order alone under fcfs. The key is level() inlined: it runs for every
+        running sequence every step."""
         if self.config.policy == "fcfs":
-            return (0, seq.arrival_order)
-        return (self.level(seq), seq.arrival_order)
+            self.running.sort(key=lambda seq: seq.arrival_order)
+            return
+        now, aging_steps = self.num_steps, self.config.aging_steps
+        self.running.sort(
+            key=lambda seq: (
+                seq.request.priority - (now - seq.arrival_step) // aging_steps,
+                seq.arrival_order,
+            )
+        )
 
     # -- the step ------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
         preempted: list[Sequence] = []
-        self.running.sort(key=self.rank_key)
+        self.sort_running()
         if self.config.policy == "priority":
             self._preempt_for_better_waiting(preempted)
         num_preempted_for_priority = len(preempted)
@@ -148,14 +157,13 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not self.block_manager.can_allocate(seq, num_new):
+            while not self.block_manager.grow(seq, num_new):
                 victim = self.running[-1]
                 self._preempt(victim, preempted)
                 if victim is seq:
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 break
-            self.block_manager.allocate(seq, num_new)
             scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
             i += 1

@@ -75,3 +75,19 @@ def test_cached_free_blocks_are_evicted_lru_and_index_stays_consistent():
     sim.step()
     assert old.num_cached_tokens == 0
     sim.run()
+
+
+def test_grow_takes_blocks_only_past_the_last_one_and_nothing_when_short():
+    sim = Sim.create(block_size=4, num_blocks=4)
+    seq = sim.add("a", 6)
+    sim.step()  # the whole prompt: 2 blocks
+    bm = sim.scheduler.block_manager
+    held = list(seq.block_table)
+    assert len(held) == 2 and bm.num_free_blocks == 2
+    assert bm.grow(seq, 2)  # positions 6, 7: inside the second block
+    assert seq.block_table == held and bm.num_free_blocks == 2
+    assert not bm.grow(seq, 11)  # 17 tokens = 5 blocks: 3 more, 2 free
+    assert seq.block_table == held and bm.num_free_blocks == 2
+    assert bm.grow(seq, 10)  # 16 tokens = 4 blocks
+    assert seq.block_table[:2] == held and len(seq.block_table) == 4
+    assert bm.num_free_blocks == 0
