@@ -28,7 +28,10 @@ Cost. The line is an index, never sorted as a whole: a step takes sequences from
 at a time and puts back those it did not admit, O(log n) each for n waiting. It takes the ones
 it admits, at most `max_num_seqs` it passes over (below) and the one that stops admission; a
 search for a preemption candidate looks at most `max_num_seqs` deep. With nothing waiting that
-outranks the worst running sequence (the common case) no search happens.
+outranks the worst running sequence (the common case) no search happens. Neither walk goes on
+once the line's counts (per adapter, and on the base model) show that nobody left in it could
+be admitted: a line of nothing but sequences waiting for a slot costs O(slots) a step, not
+`max_num_seqs` pops.
 
 Adapters. Every running sequence with an adapter pins it in one of the adapter cache's slots
 (lora/cache.py; their number comes from a memory budget, engine/lora_setup.py), so a batch
@@ -195,6 +198,11 @@ class Scheduler:
         """Admit from the line: `front` (already taken from it, in line order), then on."""
         passed: list[Sequence] = []  # taken from the line but not admitted: they go back
         drained: AdapterId | None = None  # the slot held back for the first passed-over one
+        # Whether the rest of the line holds a sequence this step could still admit or fail
+        # (None: not asked since the last acquire or drain, which are what can change it).
+        # Asked once `front` is used up and a sequence is passed over: a line of nothing but
+        # blocked sequences is not walked max_num_seqs deep every step for nothing.
+        any_left: bool | None = None
         front.reverse()
         while len(self.running) < self.config.max_num_seqs and budget > 0:
             seq = front.pop() if front else self.waiting.pop()
@@ -210,8 +218,14 @@ class Scheduler:
                     passed.append(seq)
                     if drained is None and not self.adapters.can_get_slot(adapter):
                         drained = self.adapters.drain_target()
+                        any_left = None
                     if len(passed) >= self.config.max_num_seqs:
                         break
+                    if not front:
+                        if any_left is None:
+                            any_left = self._line_holds_admittable(drained, failed=True)
+                        if not any_left:
+                            break
                     continue
             hit = self._prefix_hit(seq)
             num_computed = hit.num_blocks * self.block_manager.block_size
@@ -221,6 +235,7 @@ class Scheduler:
                 break
             if adapter is not None and self.adapters is not None:
                 self.adapters.acquire(adapter)
+                any_left = None
             self.block_manager.allocate(seq, num_new, hit)
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = num_computed
@@ -267,6 +282,8 @@ class Scheduler:
         first = self.waiting.peek()
         if first is None or self._can_get_slot(first):
             return first
+        if not self._line_holds_admittable(None, failed=False):
+            return None  # nobody in line has a slot: no need to walk it
         passed: list[Sequence] = []
         found = None
         while (seq := self.waiting.pop()) is not None:
@@ -297,6 +314,19 @@ class Scheduler:
         seen = set(wanted)
         wanted.extend(AdapterId(a) for a in self.waiting.adapters() if a not in seen)
         return wanted
+
+    def _line_holds_admittable(self, drained: AdapterId | None, *, failed: bool) -> bool:
+        """Whether some sequence still in the line is on the base model or on an adapter that
+        can be acquired now (other than `drained`), or, with `failed`, on an adapter whose read
+        failed (admission fails those). Counts from the line's index: O(slots + CPU tier)."""
+        if self.waiting.num_with_adapter(None):
+            return True
+        if self.adapters is None:
+            return bool(self.waiting)
+        candidates = self.adapters.acquirable()
+        if failed:
+            candidates += self.adapters.failed_reads()
+        return any(a != drained and self.waiting.num_with_adapter(a) for a in candidates)
 
     def _can_get_slot(self, seq: Sequence) -> bool:
         adapter = adapter_of(seq)

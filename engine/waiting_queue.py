@@ -85,6 +85,7 @@ class WaitingQueue:
         self._band_heap: list[_BandEntry] = []
         self._bands_of: dict[str, set[int]] = {}  # tenant -> priorities it waits in
         self._num_by_adapter: Counter[int] = Counter()
+        self._num_base = 0  # sequences on the base model (no adapter)
         self._counter = itertools.count()
 
     # -- queries -------------------------------------------------------------------------
@@ -105,6 +106,12 @@ class WaitingQueue:
     def adapters(self) -> list[int]:
         """The adapters some waiting sequence needs, in increasing id order."""
         return sorted(self._num_by_adapter)
+
+    def num_with_adapter(self, adapter_id: int | None) -> int:
+        """How many waiting sequences use this adapter (None: the base model)."""
+        if adapter_id is None:
+            return self._num_base
+        return self._num_by_adapter.get(adapter_id, 0)
 
     def peek(self) -> Sequence | None:
         band = self._top_band()
@@ -142,6 +149,8 @@ class WaitingQueue:
         band.num_seqs += 1
         if seq.adapter_id is not None:
             self._num_by_adapter[seq.adapter_id] += 1
+        else:
+            self._num_base += 1
         if line.head is None or key < line.head:
             self._push_line(band, tenant, line, key)
         if band.head is None or key < band.head:
@@ -205,6 +214,8 @@ class WaitingQueue:
             self._num_by_adapter[seq.adapter_id] -= 1
             if not self._num_by_adapter[seq.adapter_id]:
                 del self._num_by_adapter[seq.adapter_id]
+        else:
+            self._num_base -= 1
         key = (seq.arrival_order, seq.seq_id)
         line.num_seqs -= 1
         if line.num_seqs == 0:
@@ -290,3 +301,4 @@ class WaitingQueue:
         assert steps == sorted(steps), "arrival_step decreases as arrival_order grows"
         adapters = Counter(s.adapter_id for s in self._members if s.adapter_id is not None)
         assert adapters == self._num_by_adapter, "adapter counts out of sync"
+        assert self._num_base == len(self._members) - adapters.total(), "base count out of sync"

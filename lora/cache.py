@@ -152,6 +152,18 @@ class AdapterCache(Generic[P]):
             return True
         return adapter_id in self._cpu and self._evictable_slot() is not None
 
+    def acquirable(self) -> list[AdapterId]:
+        """Every adapter can_acquire() holds for now: those in a slot and, while some slot is
+        free or unpinned, those read into the CPU tier."""
+        adapters = list(self._slot_of)
+        if self._evictable_slot() is not None:
+            adapters.extend(a for a in self._cpu if a not in self._slot_of)
+        return adapters
+
+    def failed_reads(self) -> list[AdapterId]:
+        """The adapters whose read the last `plan` collected as failed (see load_error)."""
+        return list(self._errors)
+
     def drain_target(self) -> AdapterId | None:
         """When nothing is evictable: the slot to stop feeding so that it frees soonest (fewest
         running users, then least recently used). Stable from step to step while drained."""

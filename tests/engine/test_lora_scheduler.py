@@ -304,3 +304,54 @@ def test_priority_preemption_looks_past_at_most_max_num_seqs_requests_without_a_
         assert bool(out.preempted) is preempts
         sim.run()
         assert len(sim.finished) == max_num_seqs + 3
+
+
+def count_pops(sim: Sim) -> list[int]:
+    """Wrap the waiting line's pop: the list's one element counts the calls."""
+    calls = [0]
+    queue = sim.scheduler.waiting
+    pop = queue.pop
+
+    def counted() -> object:
+        calls[0] += 1
+        return pop()
+
+    queue.pop = counted  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_line_of_requests_without_a_slot_is_not_walked():
+    # Admission: 7 of 8 seats taken by adapter 1's requests, which pin the only slot; 20
+    # requests for adapter 2 wait. The step takes its front (1 seat + 1) and, finding nothing
+    # else in line it could admit (no base-model request, no adapter with a slot), stops
+    # there instead of looking past max_num_seqs = 8 of them.
+    sim, _, _ = lora_sim(max_loras=1, max_num_seqs=8)
+    for i in range(7):
+        sim.add(f"a{i}", 4, max_tokens=30, adapter_id=1)
+    sim.step()
+    for i in range(20):
+        sim.add(f"b{i}", 4, max_tokens=2, adapter_id=2)
+    pops = count_pops(sim)
+    assert not [s for s in sim.step().scheduled if s.seq.adapter_id == 2]
+    assert pops[0] == 2
+    # A base-model request at the end of the line is still looked for (max_num_seqs deep).
+    sim.add("base", 4, max_tokens=2)
+    pops[0] = 0
+    sim.step()
+    assert pops[0] == 8
+    sim.run()
+    assert len(sim.finished) == 28
+
+    # Priority preemption: the requests that outrank the running ones all wait for a slot, so
+    # the search for a candidate pops nothing (the step's front is its one pop).
+    sim, _, _ = lora_sim(max_loras=1, max_num_seqs=3)
+    for i in range(3):
+        sim.add(f"a{i}", 4, max_tokens=20, priority=3, adapter_id=1)
+    sim.step()
+    for i in range(10):
+        sim.add(f"b{i}", 4, max_tokens=2, priority=-5, adapter_id=2)
+    pops = count_pops(sim)
+    assert not sim.step().preempted
+    assert pops[0] == 1
+    sim.run()
+    assert len(sim.finished) == 13
