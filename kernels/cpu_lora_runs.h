@@ -187,4 +187,11 @@ inline void run_rows(int rows, const BFloat16* x, int64_t x_stride, BFloat16* ou
 
 }  // namespace loragate
 
+#elif defined(__AVX2__) && defined(__FMA__)
+#include "cpu_lora_runs_fma.h"  // the same tiles by float32 FMAs on widened bf16
 #endif  // __AVX512BF16__
+
+// Where some form of the tiles is built (kernels/cpu_rows.cpp's lora_runs_available).
+#if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__))
+#define LORAGATE_LORA_RUNS 1
+#endif

@@ -48,6 +48,7 @@ HEADERS = tuple(
         "cpu_dot_tile.h",
         "cpu_fma_tile.h",
         "cpu_lora_runs.h",
+        "cpu_lora_runs_fma.h",
         "cpu_matmul_amx.h",
         "cpu_matmul_rows.h",
         "cpu_prefill_amx.h",
@@ -171,7 +172,7 @@ class NativeRows:
 
     def __init__(self, library: Path, fallback: GatheredKernel | None = None):
         self._entries = load_entries(library, _ENTRIES, _ARGTYPES)
-        # runs in tiles (cpu_lora_runs.h): bf16 where the CPU has AVX512-BF16
+        # runs in tiles (cpu_lora_runs.h): bf16 where the CPU has AVX512-BF16 or AVX2 + FMA
         lib = ctypes.CDLL(str(library))
         self._runs = lib.lora_runs_bf16 if lib.lora_runs_available() else None
         if self._runs is not None:
@@ -185,7 +186,8 @@ class NativeRows:
 
     @property
     def runs_bf16(self) -> bool:
-        """Whether `run_segments` takes bf16 calls here (the CPU has AVX512-BF16)."""
+        """Whether `run_segments` takes bf16 calls here (the CPU has AVX512-BF16 or AVX2 +
+        FMA)."""
         return self._runs is not None
 
     def runs_natively(self, x: torch.Tensor, out: torch.Tensor, lora_a: torch.Tensor,
@@ -215,8 +217,8 @@ class NativeRows:
     ) -> bool:
         """Every run of `segments` ([K, 3] int64 (start, end, slot), rows consecutive) in one
         call of the tiled kernel, long runs and short alike; False (nothing done) where that
-        kernel does not take the call (not bf16, no AVX512-BF16, another layout): the caller
-        then runs long runs by matmuls and short ones by `__call__`."""
+        kernel does not take the call (not bf16, neither AVX512-BF16 nor AVX2 + FMA, another
+        layout): the caller then runs long runs by matmuls and short ones by `__call__`."""
         if (
             self._runs is None
             or x.dtype is not torch.bfloat16

@@ -34,7 +34,7 @@ class CpuPlan:
     runs: tuple[tuple[int, int, int], ...]  # (start, end, slot): a matmul pair each
     gathered: GatheredRows | None
     # every non-empty run, long and short, [K, 3] int64 (start, end, slot): what the tiled
-    # kernel takes in one call where it runs (kernels/cpu_lora_runs.h; bf16 on AVX512-BF16)
+    # kernel takes in one call where it runs (kernels/cpu_lora_runs.h; bf16 on AVX512-BF16 or AVX2 + FMA)
     segments: torch.Tensor
 
 

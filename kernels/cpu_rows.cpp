@@ -206,10 +206,10 @@ LORA_ROWS_ENTRY(lora_rows_f32, float)
 
 // Runs of rows that share a slot, in tiles (kernels/cpu_lora_runs.h): segs holds num_segs
 // (start, end, slot) triples of consecutive rows; the same function as lora_rows_bf16 over
-// those rows. Only where the CPU has AVX512-BF16 (lora_runs_available); the caller runs the
-// rows kernel and oneDNN otherwise.
+// those rows. Only where the CPU has AVX512-BF16, or AVX2 + FMA (lora_runs_available); the
+// caller runs the rows kernel and BLAS otherwise.
 extern "C" int lora_runs_available() {
-#if defined(__AVX512BF16__)
+#if defined(LORAGATE_LORA_RUNS)
     return 1;
 #else
     return 0;
@@ -221,7 +221,7 @@ extern "C" void lora_runs_bf16(const void* x, int64_t x_stride, void* out, int64
                                int64_t in_features, const void* lora_b, int64_t out_features,
                                const int32_t* slot_ranks, const int64_t* subs, int64_t n,
                                int64_t rank, int64_t threads) {
-#if defined(__AVX512BF16__)
+#if defined(LORAGATE_LORA_RUNS)
     using loragate::kRunRows;
     // Work items: up to kRunRows rows of one run each, in row order (a thread's items are then
     // mostly of one slot, whose weights stay in its cache).

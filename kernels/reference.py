@@ -9,7 +9,7 @@ both.
 which the Triton kernels are tested. ``lora_add_cpu`` is what runs on CPU: long runs grouped
 the same way, with both products in the activations' dtype fused into an in-place ``addmm_``,
 and the rows of short runs in one gathered kernel call; or, where the C kernel takes it (bf16
-on AVX512-BF16), every run in one call of its tiled form (kernels/cpu_lora_runs.h).
+on AVX512-BF16 or AVX2 + FMA), every run in one call of its tiled form (kernels/cpu_lora_runs.h).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def lora_add_cpu(
     inputs' dtype: x, lora_a, lora_b and out share one dtype.
 
     Where the kernel has ``run_segments`` and it takes the call (the C kernel in bf16 on
-    AVX512-BF16), every run, long and short, goes there in one call. Otherwise, per long run:
+    AVX512-BF16 or AVX2 + FMA), every run, long and short, goes there in one call. Otherwise, per long run:
     ``y = x[run] @ A.T`` and ``out[run].addmm_(y, B.T)``, two BLAS calls and no
     temporary of the output's width; the rows of the short runs go to one call of the gathered
     kernel (kernels/cpu_plan.py, kernels/cpu_gathered.py; ``cpu_gathered``, default the C one of

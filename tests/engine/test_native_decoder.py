@@ -176,8 +176,8 @@ LORA_SPECS = [
 
 @pytest.mark.skipif(
     not native_rows().runs_bf16,
-    reason="this CPU has no AVX512-BF16: adapter deltas are not computed by the runs kernel, "
-    "so adapter steps stay eager",
+    reason="this CPU has neither AVX512-BF16 nor AVX2 + FMA: adapter deltas are not computed by "
+    "the runs kernel, so adapter steps stay eager",
 )
 def test_adapter_steps_equal_the_eager_steps_bit_for_bit(
     tiny_model_dir: Path, tmp_path: Path

@@ -1,8 +1,10 @@
 """The tiled kernel for runs of rows that share a slot (kernels/cpu_lora_runs.h through
-`NativeRows.run_segments`): bf16 on CPUs with AVX512-BF16, every run of a step in one call.
-Checked against the row-at-a-time kernel (the same function) and a float64 oracle, on shapes
-that reach every tail: runs of 1-9 rows (tiles of 4 and what is left), odd ranks (a pair of B's
-rows with one row missing), input widths off a multiple of 32 and output widths off 16, fused
+`NativeRows.run_segments`): bf16, every run of a step in one call, by AVX512-BF16 where the CPU
+has it and by AVX2 FMAs (kernels/cpu_lora_runs_fma.h) where it has those only; the FMA tiles
+are also built and checked on an AVX-512 CPU (`-mno-avx512f`). Checked against the
+row-at-a-time kernel (the same function) and a float64 oracle, on shapes that reach every
+tail: runs of 1-9 rows (tiles of 4 and what is left), odd ranks (a pair of B's rows with one
+row missing), input widths off a multiple of 32 (16) and output widths off 16, fused
 sub-projections, NaN beyond each slot's rank and in the other sub-projections' blocks of B.
 """
 
@@ -18,9 +20,20 @@ from kernels.cpu_native import NativeRows, build, native_rows
 
 pytestmark = pytest.mark.skipif(
     not native_rows().runs_bf16,
-    reason="this CPU has no AVX512-BF16: the tiled runs kernel is not built (the row kernel "
-    "and oneDNN run every call; tests/kernels/test_cpu_native.py covers them)",
+    reason="this CPU has neither AVX512-BF16 nor AVX2 + FMA: the tiled runs kernel is not built "
+    "(the row kernel and BLAS run every call; tests/kernels/test_cpu_native.py covers them)",
 )
+
+
+@pytest.fixture(scope="module", params=["native", "fma"])
+def kernel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> NativeRows:
+    """This CPU's build, and one without AVX-512 (the FMA tiles; the same as the first on an
+    AVX2 CPU)."""
+    if request.param == "native":
+        return native_rows()
+    rows = NativeRows(build(tmp_path_factory.mktemp("fma"), extra_flags=("-mno-avx512f",)))
+    assert rows.runs_bf16
+    return rows
 
 
 def _case(
@@ -63,7 +76,7 @@ def _subs(widths: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     [(96, (80,), 16), (70, (64, 24, 24), 5), (33, (17, 130), 8), (256, (200,), 64)],
 )
 def test_runs_match_the_row_kernel_and_the_oracle(
-    in_features: int, widths: tuple[int, ...], rank: int
+    kernel: NativeRows, in_features: int, widths: tuple[int, ...], rank: int
 ) -> None:
     x, lora_a, b_rows, slot_ranks, segments = _case(in_features, in_features, widths, rank)
     subs, n = _subs(widths), len(widths)
@@ -71,7 +84,6 @@ def test_runs_match_the_row_kernel_and_the_oracle(
     gen = torch.Generator().manual_seed(in_features)
     start = torch.randn(x.shape[0], sum(widths), generator=gen).bfloat16()
     tiled, rows = start.clone(), start.clone()
-    kernel = native_rows()
     assert kernel.run_segments(x, tiled, segments, lora_a, b_rows, slot_ranks, subs, rank)
     covered = torch.cat([torch.arange(s, e) for s, e, _ in segments.tolist()])
     slots = torch.cat([torch.full((e - s,), slot) for s, e, slot in segments.tolist()])
@@ -95,12 +107,11 @@ def test_runs_match_the_row_kernel_and_the_oracle(
     torch.testing.assert_close(tiled.double(), want, atol=2e-2, rtol=2**-7)
 
 
-def test_a_strided_output_slice_is_written_in_place() -> None:
+def test_a_strided_output_slice_is_written_in_place(kernel: NativeRows) -> None:
     x, lora_a, b_rows, slot_ranks, segments = _case(1, 64, (48,), 8)
     x, lora_a, b_rows = x.bfloat16(), lora_a.bfloat16(), b_rows.bfloat16()
     wide = torch.zeros(x.shape[0], 100, dtype=torch.bfloat16)
     plain = torch.zeros(x.shape[0], 48, dtype=torch.bfloat16)
-    kernel = native_rows()
     assert kernel.run_segments(
         x, wide[:, 20:68], segments, lora_a, b_rows, slot_ranks, ((0, 48),), 8
     )
@@ -115,7 +126,7 @@ def test_other_dtypes_and_builds_decline_the_call(tmp_path: Path) -> None:
     assert not native_rows().run_segments(
         x, out, segments, lora_a, b_rows, slot_ranks, ((0, 48),), 8
     )
-    portable = NativeRows(build(tmp_path, extra_flags=("-mno-avx512bf16",)))
+    portable = NativeRows(build(tmp_path, extra_flags=("-mno-avx512bf16", "-mno-fma")))
     assert not portable.runs_bf16
     x, lora_a, b_rows, out = x.bfloat16(), lora_a.bfloat16(), b_rows.bfloat16(), out.bfloat16()
     assert not portable.run_segments(x, out, segments, lora_a, b_rows, slot_ranks, ((0, 48),), 8)

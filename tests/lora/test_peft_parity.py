@@ -280,8 +280,8 @@ def test_bf16_engine_applies_every_adapter(
     reference: Reference,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A bf16 engine's LoRA (on a CPU with AVX512-BF16: every run of a step through the tiled
-    kernel, kernels/cpu_lora_runs.h; elsewhere the row kernel and BLAS): each request's
+    """A bf16 engine's LoRA (on a CPU with AVX512-BF16 or AVX2 + FMA: every run of a step
+    through the tiled kernel, kernels/cpu_lora_runs.h; elsewhere the row kernel and BLAS): each request's
     first-step logits stay within bf16 rounding of PEFT's float32 ones for its adapter, and
     at most half as far from them as from the base model's."""
     ran: list[bool] = []
