@@ -144,15 +144,18 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         preempted: list[Sequence] = []
         self.sort_running()
-        if self.config.policy == "priority":
-            self._preempt_for_better_waiting(preempted)
-        num_preempted_for_priority = len(preempted)
-        # The front of the line, taken out for the adapter cache's plan and handed to
-        # admission (nothing enters the line in between unless the running loop preempts).
+        # The line's first sequences, taken out in line order by the preemption search and for
+        # the adapter cache's plan, and handed to admission, which goes on from there: nothing
+        # enters the line while they are out (a preemption puts them back first), so they stay
+        # its front and nobody is taken out twice in a step.
         front: list[Sequence] = []
+        if self.config.policy == "priority":
+            self._preempt_for_better_waiting(preempted, front)
+        num_preempted_for_priority = len(preempted)
         if self.adapters is not None:
-            front = self._take_front()
-            self.adapters.plan(self._wanted_adapters(front))
+            num_plan = max(0, self.config.max_num_seqs - len(self.running)) + 1
+            self._take_front(front, num_plan)
+            self.adapters.plan(self._wanted_adapters(front[:num_plan]))
 
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
@@ -252,7 +255,9 @@ class Scheduler:
             self.fairness.on_finish(item.seq.tenant_key)
         return budget
 
-    def _preempt_for_better_waiting(self, preempted: list[Sequence]) -> None:
+    def _preempt_for_better_waiting(self, preempted: list[Sequence], front: list[Sequence]) -> None:
+        """`front` (empty on entry) keeps what the candidate search took from the line when no
+        preemption follows it."""
         while self.waiting and self.running:
             victim = self.running[-1]
             best = self.waiting.best_level(self.num_steps)
@@ -260,7 +265,7 @@ class Scheduler:
                 return  # nobody waiting ranks above the victim (the common case: no search)
             # Preempting for a sequence that would still find no adapter slot (or whose adapter
             # is still being read) helps nobody.
-            candidate = self._first_with_slot()
+            candidate = self._first_with_slot(front)
             if candidate is None:
                 return
             if self.level(candidate) >= self.level(victim):
@@ -274,38 +279,33 @@ class Scheduler:
                 )
                 if self.block_manager.can_allocate(candidate, first_chunk, hit):
                     return
+            for seq in front:  # the victim joins the line: it may rank ahead of these
+                self.waiting.add(seq)
+            front.clear()
             self._preempt(victim, preempted)
 
-    def _first_with_slot(self) -> Sequence | None:
+    def _first_with_slot(self, taken: list[Sequence]) -> Sequence | None:
         """The first waiting sequence whose adapter can get a slot, looking past at most
-        max_num_seqs that cannot (the same bound admission uses)."""
+        max_num_seqs that cannot (the same bound admission uses). Those it looks past, and the
+        one it finds, are taken out of the line into `taken` (empty on entry), in line order."""
         first = self.waiting.peek()
         if first is None or self._can_get_slot(first):
             return first
         if not self._line_holds_admittable(None, failed=False):
             return None  # nobody in line has a slot: no need to walk it
-        passed: list[Sequence] = []
-        found = None
         while (seq := self.waiting.pop()) is not None:
-            passed.append(seq)
+            taken.append(seq)
             if self._can_get_slot(seq):
-                found = seq
+                return seq
+            if len(taken) >= self.config.max_num_seqs:
                 break
-            if len(passed) >= self.config.max_num_seqs:
-                break
-        for seq in passed:
-            self.waiting.add(seq)
-        return found
+        return None
 
-    def _take_front(self) -> list[Sequence]:
-        """Take out the first sequences of the line: as many as this step could admit, + 1."""
-        front: list[Sequence] = []
-        for _ in range(max(0, self.config.max_num_seqs - len(self.running)) + 1):
-            seq = self.waiting.pop()
-            if seq is None:
-                break
+    def _take_front(self, front: list[Sequence], count: int) -> None:
+        """Take sequences out of the line into `front` until it holds `count` (or the line is
+        empty)."""
+        while len(front) < count and (seq := self.waiting.pop()) is not None:
             front.append(seq)
-        return front
 
     def _wanted_adapters(self, front: list[Sequence]) -> list[AdapterId | None]:
         """For the adapter cache's plan: the adapters of the line's front, in line order, then

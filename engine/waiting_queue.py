@@ -28,14 +28,22 @@ dropped when it reaches the top; a heap more than half stale is rebuilt):
 A band's oldest sequence (by arrival_order) is also its earliest arrival_step: both are taken
 at arrival, and a preempted sequence keeps both.
 
-So `add`, `remove` and `pop` cost O(log n) amortized, `peek` O(1) amortized, and a tenant's
-counter change O(log n) per band it waits in. Callers report every change of a waiting tenant's
-counter (`on_served_changed`); the counter of a tenant with waiting sequences changes only when
-it is charged (engine/fairness.py lifts only idle tenants).
+A band's or a tenant line's current entry (the one of its current version) holds a lower bound
+of its key, not always the key: a key only grows between pushes (taking a line's oldest moves
+its head later, and so its band's deadline; a charge raises the tenant's counter, and the
+counter of a tenant with waiting sequences changes only when it is charged: engine/fairness.py
+lifts only idle tenants), so a key that grows is not pushed again; when its entry reaches the
+top it is corrected in place (`heapreplace`) before it is believed. An entry is pushed only
+when a key shrinks (an older sequence arrives or comes back). Every entry below the top is then
+at most its line's true key, so a corrected top is the true minimum. Passing over a sequence
+(taken and put back) costs its line one push, and a charge none (`on_served_changed` is a
+no-op, kept as the contract's name).
+
+So `add`, `remove` and `pop` cost O(log n) amortized and `peek` O(1) amortized.
 
 Invariant (check_invariants): each band's and each tenant line's current entry names its true
-oldest sequence and its tenant's current counter; counts match the members; every member is in
-exactly its own band and line.
+oldest sequence or an older one, and its tenant's counter or a smaller one; counts match the
+members; every member is in exactly its own band and line.
 """
 
 from __future__ import annotations
@@ -71,6 +79,7 @@ class _Band:
     oldest: list[_SeqEntry] = field(default_factory=list)
     num_seqs: int = 0
     head: tuple[int, int] | None = None
+    deadline: int = 0  # of the head: priority * aging_steps + its arrival_step
     version: int = -1
 
 
@@ -133,7 +142,11 @@ class WaitingQueue:
         assert seq not in self._members, "a sequence is already waiting"
         gen = next(self._counter)
         self._members[seq] = gen
-        priority, tenant = self._keys(seq)
+        if self._by_priority:  # _keys inline: every pass over a waiting sequence adds it back
+            request = seq.request
+            priority, tenant = request.priority, request.tenant_key
+        else:
+            priority, tenant = 0, ""
         band = self._bands.get(priority)
         if band is None:
             band = self._bands[priority] = _Band(priority)
@@ -142,7 +155,7 @@ class WaitingQueue:
             line = band.tenants[tenant] = _TenantLine(tenant)
             self._bands_of.setdefault(tenant, set()).add(priority)
         key = (seq.arrival_order, seq.seq_id)
-        entry = (*key, gen, seq)
+        entry = (key[0], key[1], gen, seq)
         heapq.heappush(line.heap, entry)
         heapq.heappush(band.oldest, entry)
         line.num_seqs += 1
@@ -172,11 +185,8 @@ class WaitingQueue:
         return seq
 
     def on_served_changed(self, tenant: str) -> None:
-        for priority in self._bands_of.get(tenant, ()):
-            band = self._bands[priority]
-            line = band.tenants[tenant]
-            assert line.head is not None
-            self._push_line(band, tenant, line, line.head)
+        """A waiting tenant's counter grew: nothing to do (its entries were lower bounds before
+        and still are; the top is corrected when it is read)."""
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -194,19 +204,31 @@ class WaitingQueue:
     def _top_band(self) -> _Band | None:
         heap = self._band_heap
         while heap:
-            band = self._bands.get(heap[0][4])
-            if band is not None and band.version == heap[0][3]:
+            top = heap[0]
+            band = self._bands.get(top[4])
+            if band is None or band.version != top[3]:
+                heapq.heappop(heap)
+            elif top[0] == band.deadline and (top[1], top[2]) == band.head:
                 return band
-            heapq.heappop(heap)
+            else:  # a lower bound: its head moved on since it was pushed
+                assert band.head is not None
+                heapq.heapreplace(heap, (band.deadline, *band.head, band.version, band.priority))
         return None
 
     def _top_line(self, band: _Band) -> _TenantLine:
         heap = band.tenant_heap
         while True:
-            line = band.tenants.get(heap[0][4])
-            if line is not None and line.version == heap[0][3]:
+            top = heap[0]
+            line = band.tenants.get(top[4])
+            if line is None or line.version != top[3]:
+                heapq.heappop(heap)
+                continue
+            served = self._served(line.tenant)
+            if top[0] == served and (top[1], top[2]) == line.head:
                 return line
-            heapq.heappop(heap)
+            # a lower bound: the tenant was charged, or its head moved on, since it was pushed
+            assert line.head is not None
+            heapq.heapreplace(heap, (served, *line.head, line.version, line.tenant))
 
     def _remove(self, seq: Sequence, band: _Band, tenant: str, line: _TenantLine) -> None:
         del self._members[seq]
@@ -225,18 +247,21 @@ class WaitingQueue:
             if not bands:
                 del self._bands_of[tenant]
         else:
-            self._compact(line.heap, line.num_seqs)
-            if key == line.head:
+            if len(line.heap) > 2 * line.num_seqs + _SLACK:  # the test inline: every pop asks
+                self._compact(line.heap)
+            if key == line.head:  # the key grows: its entry stays, a lower bound
                 head = self._head(line.heap)
-                self._push_line(band, tenant, line, (head.arrival_order, head.seq_id))
+                line.head = (head.arrival_order, head.seq_id)
         band.num_seqs -= 1
         if band.num_seqs == 0:
             del self._bands[band.priority]
             return
-        self._compact(band.oldest, band.num_seqs)
-        if key == band.head:
+        if len(band.oldest) > 2 * band.num_seqs + _SLACK:
+            self._compact(band.oldest)
+        if key == band.head:  # as for the line: a later head, a later deadline
             head = self._head(band.oldest)
-            self._push_band(band, (head.arrival_order, head.seq_id), head.arrival_step)
+            band.head = (head.arrival_order, head.seq_id)
+            band.deadline = band.priority * self._aging_steps + head.arrival_step
 
     def _push_line(
         self, band: _Band, tenant: str, line: _TenantLine, head: tuple[int, int]
@@ -255,8 +280,8 @@ class WaitingQueue:
     def _push_band(self, band: _Band, head: tuple[int, int], arrival_step: int) -> None:
         band.head = head
         band.version = next(self._counter)
-        deadline = band.priority * self._aging_steps + arrival_step
-        heapq.heappush(self._band_heap, (deadline, *head, band.version, band.priority))
+        band.deadline = band.priority * self._aging_steps + arrival_step
+        heapq.heappush(self._band_heap, (band.deadline, *head, band.version, band.priority))
         if len(self._band_heap) > 2 * len(self._bands) + _SLACK:
             self._band_heap = [e for e in self._band_heap if self._is_live_band(e)]
             heapq.heapify(self._band_heap)
@@ -265,11 +290,10 @@ class WaitingQueue:
         band = self._bands.get(entry[4])
         return band is not None and band.version == entry[3]
 
-    def _compact(self, heap: list[_SeqEntry], num_live: int) -> None:
-        if len(heap) > 2 * num_live + _SLACK:
-            members = self._members
-            heap[:] = [e for e in heap if members.get(e[3]) == e[2]]
-            heapq.heapify(heap)
+    def _compact(self, heap: list[_SeqEntry]) -> None:
+        members = self._members
+        heap[:] = [e for e in heap if members.get(e[3]) == e[2]]
+        heapq.heapify(heap)
 
     def check_invariants(self) -> None:
         num_seqs = 0
@@ -279,7 +303,11 @@ class WaitingQueue:
             assert band.num_seqs == len(seqs) > 0, f"band {priority}: count mismatch"
             oldest = min(seqs, key=lambda s: (s.arrival_order, s.seq_id))
             assert band.head == (oldest.arrival_order, oldest.seq_id), "stale band head"
-            assert any(self._is_live_band(e) for e in self._band_heap if e[4] == priority)
+            assert band.deadline == priority * self._aging_steps + oldest.arrival_step
+            current = [e for e in self._band_heap if e[4] == priority and self._is_live_band(e)]
+            assert len(current) == 1 and current[0][:3] <= (band.deadline, *band.head), (
+                f"band {priority}: its entry is not a lower bound of its key"
+            )
             live_bands += 1
             for tenant, line in band.tenants.items():
                 mine = [e[3] for e in line.heap if self._members.get(e[3]) == e[2]]
@@ -288,9 +316,10 @@ class WaitingQueue:
                     assert self._keys(seq) == (priority, tenant), "sequence in the wrong line"
                 head = min(mine, key=lambda s: (s.arrival_order, s.seq_id))
                 assert line.head == (head.arrival_order, head.seq_id), "stale tenant head"
-                current = [e for e in band.tenant_heap if e[4] == tenant and e[3] == line.version]
-                assert len(current) == 1 and current[0][0] == self._served(tenant), (
-                    f"tenant {tenant!r}: its entry does not carry its served-token counter"
+                mine_now = [e for e in band.tenant_heap if e[4] == tenant and e[3] == line.version]
+                key = (self._served(tenant), *line.head)
+                assert len(mine_now) == 1 and mine_now[0][:3] <= key, (
+                    f"tenant {tenant!r}: its entry is not a lower bound of its key"
                 )
                 assert priority in self._bands_of[tenant]
                 num_seqs += len(mine)
