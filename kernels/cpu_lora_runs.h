@@ -168,7 +168,19 @@ void run_tile(const BFloat16* x, int64_t x_stride, BFloat16* out, int64_t out_st
     }
 }
 
-// run_tile for 1 <= rows <= kRunRows.
+}  // namespace loragate
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#include "cpu_lora_runs_fma.h"  // the same tiles by float32 FMAs on widened bf16
+#endif  // __AVX512BF16__
+
+// Where some form of the tiles is built (kernels/cpu_rows.cpp's lora_runs_available).
+#if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__))
+#define LORAGATE_LORA_RUNS 1
+
+namespace loragate {
+
+// run_tile (either form above) for 1 <= rows <= kRunRows.
 inline void run_rows(int rows, const BFloat16* x, int64_t x_stride, BFloat16* out,
                      int64_t out_stride, const BFloat16* a_slot, int64_t in_features,
                      const BFloat16* b_slot, int64_t out_features, const int64_t* subs, int64_t n,
@@ -186,12 +198,4 @@ inline void run_rows(int rows, const BFloat16* x, int64_t x_stride, BFloat16* ou
 }
 
 }  // namespace loragate
-
-#elif defined(__AVX2__) && defined(__FMA__)
-#include "cpu_lora_runs_fma.h"  // the same tiles by float32 FMAs on widened bf16
-#endif  // __AVX512BF16__
-
-// Where some form of the tiles is built (kernels/cpu_rows.cpp's lora_runs_available).
-#if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__))
-#define LORAGATE_LORA_RUNS 1
 #endif

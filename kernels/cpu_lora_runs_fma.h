@@ -167,21 +167,4 @@ void run_tile(const BFloat16* x, int64_t x_stride, BFloat16* out, int64_t out_st
     }
 }
 
-// run_tile for 1 <= rows <= kRunRows.
-inline void run_rows(int rows, const BFloat16* x, int64_t x_stride, BFloat16* out,
-                     int64_t out_stride, const BFloat16* a_slot, int64_t in_features,
-                     const BFloat16* b_slot, int64_t out_features, const int64_t* subs, int64_t n,
-                     int64_t r) {
-    switch (rows) {
-        case 1: return run_tile<1>(x, x_stride, out, out_stride, a_slot, in_features, b_slot,
-                                   out_features, subs, n, r);
-        case 2: return run_tile<2>(x, x_stride, out, out_stride, a_slot, in_features, b_slot,
-                                   out_features, subs, n, r);
-        case 3: return run_tile<3>(x, x_stride, out, out_stride, a_slot, in_features, b_slot,
-                                   out_features, subs, n, r);
-        default: return run_tile<4>(x, x_stride, out, out_stride, a_slot, in_features, b_slot,
-                                    out_features, subs, n, r);
-    }
-}
-
 }  // namespace loragate
