@@ -213,8 +213,7 @@ def _lora_runs(
 ) -> tuple[NativeRows | None, str]:
     """The runs kernel where every adapter step's deltas would go through it eager too
     (lora_add_cpu's run_segments: bf16 on AVX512-BF16 or AVX2 + FMA, the C kernel, plain
-    stacks), else None
-    and why."""
+    stacks), else None and why."""
     if lora is None:
         return None, "no adapters"
     kernel = lora.cpu_gathered

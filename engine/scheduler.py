@@ -187,7 +187,6 @@ class Scheduler:
             charges[item.seq.tenant_key] += item.num_new_tokens
         for tenant, num_tokens in charges.items():
             self.fairness.charge(tenant, num_tokens)
-            self.waiting.on_served_changed(tenant)
         self.num_steps += 1
         return SchedulerOutput(scheduled=scheduled, preempted=preempted, failed=failed)
 

@@ -36,8 +36,8 @@ lifts only idle tenants), so a key that grows is not pushed again; when its entr
 top it is corrected in place (`heapreplace`) before it is believed. An entry is pushed only
 when a key shrinks (an older sequence arrives or comes back). Every entry below the top is then
 at most its line's true key, so a corrected top is the true minimum. Passing over a sequence
-(taken and put back) costs its line one push, and a charge none (`on_served_changed` is a
-no-op, kept as the contract's name).
+(taken and put back) costs its line one push, and a charge none: the line reads the counters
+through `served` when it needs them, and nobody has to report a change.
 
 So `add`, `remove` and `pop` cost O(log n) amortized and `peek` O(1) amortized.
 
@@ -92,7 +92,6 @@ class WaitingQueue:
         self._members: dict[Sequence, int] = {}  # seq -> generation of its live entries
         self._bands: dict[int, _Band] = {}
         self._band_heap: list[_BandEntry] = []
-        self._bands_of: dict[str, set[int]] = {}  # tenant -> priorities it waits in
         self._num_by_adapter: Counter[int] = Counter()
         self._num_base = 0  # sequences on the base model (no adapter)
         self._counter = itertools.count()
@@ -142,20 +141,15 @@ class WaitingQueue:
         assert seq not in self._members, "a sequence is already waiting"
         gen = next(self._counter)
         self._members[seq] = gen
-        if self._by_priority:  # _keys inline: every pass over a waiting sequence adds it back
-            request = seq.request
-            priority, tenant = request.priority, request.tenant_key
-        else:
-            priority, tenant = 0, ""
+        priority, tenant = self._keys(seq)
         band = self._bands.get(priority)
         if band is None:
             band = self._bands[priority] = _Band(priority)
         line = band.tenants.get(tenant)
         if line is None:
             line = band.tenants[tenant] = _TenantLine(tenant)
-            self._bands_of.setdefault(tenant, set()).add(priority)
         key = (seq.arrival_order, seq.seq_id)
-        entry = (key[0], key[1], gen, seq)
+        entry = (*key, gen, seq)
         heapq.heappush(line.heap, entry)
         heapq.heappush(band.oldest, entry)
         line.num_seqs += 1
@@ -183,10 +177,6 @@ class WaitingQueue:
         seq = self._head(line.heap)
         self._remove(seq, band, line.tenant, line)
         return seq
-
-    def on_served_changed(self, tenant: str) -> None:
-        """A waiting tenant's counter grew: nothing to do (its entries were lower bounds before
-        and still are; the top is corrected when it is read)."""
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -242,10 +232,6 @@ class WaitingQueue:
         line.num_seqs -= 1
         if line.num_seqs == 0:
             del band.tenants[tenant]
-            bands = self._bands_of[tenant]
-            bands.discard(band.priority)
-            if not bands:
-                del self._bands_of[tenant]
         else:
             if len(line.heap) > 2 * line.num_seqs + _SLACK:  # the test inline: every pop asks
                 self._compact(line.heap)
@@ -321,7 +307,6 @@ class WaitingQueue:
                 assert len(mine_now) == 1 and mine_now[0][:3] <= key, (
                     f"tenant {tenant!r}: its entry is not a lower bound of its key"
                 )
-                assert priority in self._bands_of[tenant]
                 num_seqs += len(mine)
         assert num_seqs == len(self._members), "members outside every band"
         assert live_bands == sum(1 for e in self._band_heap if self._is_live_band(e))

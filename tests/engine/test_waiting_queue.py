@@ -67,8 +67,7 @@ def test_index_pops_in_the_brute_force_line_order(ops, aging_steps, by_priority)
             queue.remove(seq)
         elif op[0] == "charge":
             tenant = f"t{op[1]}"
-            served[tenant] = served.get(tenant, 0) + op[2]
-            queue.on_served_changed(tenant)
+            served[tenant] = served.get(tenant, 0) + op[2]  # the queue reads it when it needs it
         elif op[0] == "pop_readd":
             # A step's pass: take the first few (in line order), then put them back.
             line = expected()
