@@ -155,7 +155,7 @@ class Scheduler:
         if self.adapters is not None:
             num_plan = max(0, self.config.max_num_seqs - len(self.running)) + 1
             self._take_front(front, num_plan)
-            self.adapters.plan(self._wanted_adapters(front[:num_plan]))
+            self.adapters.plan(self._wanted_adapters(front, num_plan))
 
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
@@ -306,12 +306,15 @@ class Scheduler:
         while len(front) < count and (seq := self.waiting.pop()) is not None:
             front.append(seq)
 
-    def _wanted_adapters(self, front: list[Sequence]) -> list[AdapterId | None]:
-        """For the adapter cache's plan: the adapters of the line's front, in line order, then
-        every other adapter a waiting sequence needs (by id)."""
-        wanted = [adapter_of(s) for s in front]
+    def _wanted_adapters(self, front: list[Sequence], num_first: int) -> list[AdapterId | None]:
+        """For the adapter cache's plan: the adapters of the line's first `num_first`, in line
+        order, then every other adapter a waiting sequence needs (by id), those of the rest of
+        `front` (taken out of the line by the preemption search) included."""
+        wanted = [adapter_of(s) for s in front[:num_first]]
         seen = set(wanted)
-        wanted.extend(AdapterId(a) for a in self.waiting.adapters() if a not in seen)
+        others = set(self.waiting.adapters())
+        others.update(s.adapter_id for s in front[num_first:] if s.adapter_id is not None)
+        wanted.extend(AdapterId(a) for a in sorted(others) if a not in seen)
         return wanted
 
     def _line_holds_admittable(self, drained: AdapterId | None, *, failed: bool) -> bool:
