@@ -40,6 +40,7 @@
 #include "cpu_math.h"
 #include "cpu_matmul_amx.h"
 #include "cpu_matmul_rows.h"
+#include "cpu_steal.h"
 
 namespace {
 
@@ -263,10 +264,13 @@ void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const 
     }
 #endif
     // Each thread takes a run of consecutive items (a block's row chunks side by side), so the
-    // block it takes next is known: the next item's, where that is another block.
+    // block it takes next is known: the next item's, where that is another block. A thread done
+    // with its run takes items from the back of another's (cpu_steal.h).
     const int64_t items = blocks * chunks;
     const int64_t block_values = (k / 2) * 2 * kDotCols;
-#pragma omp parallel num_threads(threads)
+    const int64_t team_size = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+    loragate::StealRuns runs(items, team_size);
+#pragma omp parallel num_threads(team_size)
     {
         const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
         const int64_t begin = t * items / team, end = (t + 1) * items / team;
@@ -282,15 +286,17 @@ void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const 
                 share.tiles_left += (item_rows + loragate::kDotRows - 1) / loragate::kDotRows;
             }
         }
-        for (int64_t item = begin; item < end; item++) {
+        auto run_item = [&](int64_t item, bool next_block) {
             const int64_t b = item / chunks, first = (item % chunks) * kChunk;
-            const bool next_block = item + 1 < end && (item + 1) % chunks == 0;
             const uint16_t* block = packed + b * block_values;
             block_rows<Silu>(x, x_stride, first, std::min(rows, first + kChunk), k, block,
                              next_block ? block + block_values : nullptr,
                              bias != nullptr ? bias + b * kDotCols : nullptr, y + b * out_cols,
                              y_stride, std::min(kDotCols, n - b * kDotCols), share);
-        }
+        };
+        for (int64_t item; (item = runs.take_own(t)) >= 0;)
+            run_item(item, (item + 1) % chunks == 0 && runs.owns_next(t, item));
+        for (int64_t item; (item = runs.steal(t)) >= 0;) run_item(item, false);
     }
 #elif LORAGATE_FMA_BF16
     fma_matmul<Silu, uint16_t>(reinterpret_cast<const BFloat16*>(x), rows, x_stride, k, packed,

@@ -53,6 +53,7 @@ HEADERS = tuple(
         "cpu_matmul_rows.h",
         "cpu_prefill_amx.h",
         "cpu_softmax_bf16.h",
+        "cpu_steal.h",
     )
 )
 # -fno-trapping-math: without it GCC keeps every float select (a clamp, a sign test) a branch, and
