@@ -273,7 +273,8 @@ void matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k, const 
 #pragma omp parallel num_threads(team_size)
     {
         const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
-        const int64_t begin = t * items / team, end = (t + 1) * items / team;
+        const int64_t begin = loragate::StealRuns::first(t, items, team);
+        const int64_t end = loragate::StealRuns::first(t + 1, items, team);
         SpanShare share;  // this thread's share of the spans, by count
         if (num_spans > 0) {
             share.stream.span = spans + t * num_spans / team;

@@ -19,13 +19,16 @@ class StealRuns {
    public:
     StealRuns(int64_t items, int64_t team) : runs_(static_cast<size_t>(team)), team_(team) {
         for (int64_t t = 0; t < team; t++)
-            runs_[static_cast<size_t>(t)].bounds.store(
-                pack(t * items / team, (t + 1) * items / team), std::memory_order_relaxed);
+            bounds(t).store(pack(first(t, items, team), first(t + 1, items, team)),
+                            std::memory_order_relaxed);
     }
+
+    // The first item of thread t's run as dealt (thread t's run ends where t + 1's begins).
+    static int64_t first(int64_t t, int64_t items, int64_t team) { return t * items / team; }
 
     // The next item of thread t's own run, or -1 when it is empty (taken or stolen).
     int64_t take_own(int64_t t) {
-        std::atomic<uint64_t>& b = runs_[static_cast<size_t>(t)].bounds;
+        std::atomic<uint64_t>& b = bounds(t);
         uint64_t cur = b.load(std::memory_order_relaxed);
         for (;;) {
             const int64_t lo = low(cur), hi = high(cur);
@@ -38,8 +41,7 @@ class StealRuns {
     // Whether the item after `item` in thread t's run is still there to take (a hint only: it
     // may be stolen before t gets to it).
     bool owns_next(int64_t t, int64_t item) const {
-        const uint64_t cur = runs_[static_cast<size_t>(t)].bounds.load(std::memory_order_relaxed);
-        return item + 1 < high(cur);
+        return item + 1 < high(bounds(t).load(std::memory_order_relaxed));
     }
 
     // The last item of another thread's run (the fullest first), or -1 when every run is empty.
@@ -48,14 +50,15 @@ class StealRuns {
             int64_t victim = -1, most = 0;
             for (int64_t v = 0; v < team_; v++) {
                 if (v == t) continue;
-                const uint64_t cur = runs_[static_cast<size_t>(v)].bounds.load(std::memory_order_relaxed);
+                const uint64_t cur = bounds(v).load(std::memory_order_relaxed);
                 if (high(cur) - low(cur) > most) most = high(cur) - low(cur), victim = v;
             }
             if (victim < 0) return -1;
-            std::atomic<uint64_t>& b = runs_[static_cast<size_t>(victim)].bounds;
+            std::atomic<uint64_t>& b = bounds(victim);
             uint64_t cur = b.load(std::memory_order_relaxed);
             const int64_t lo = low(cur), hi = high(cur);
-            if (lo < hi && b.compare_exchange_strong(cur, pack(lo, hi - 1), std::memory_order_relaxed))
+            if (lo < hi &&
+                b.compare_exchange_strong(cur, pack(lo, hi - 1), std::memory_order_relaxed))
                 return hi - 1;
         }
     }
@@ -65,6 +68,11 @@ class StealRuns {
     struct alignas(64) Run {
         std::atomic<uint64_t> bounds{0};
     };
+
+    std::atomic<uint64_t>& bounds(int64_t t) { return runs_[static_cast<size_t>(t)].bounds; }
+    const std::atomic<uint64_t>& bounds(int64_t t) const {
+        return runs_[static_cast<size_t>(t)].bounds;
+    }
 
     static uint64_t pack(int64_t lo, int64_t hi) {
         return static_cast<uint64_t>(lo) << 32 | static_cast<uint64_t>(hi);
