@@ -157,7 +157,9 @@ void fma_item(const float* xt, int64_t first, int64_t last, int64_t k, const W* 
     // by fewer tiles, and a step of a few rows is bound by the weights' reads)
     const bool widen = std::is_same_v<W, uint16_t> && last - first > (kWidenTiles - 1) * kRows;
     alignas(64) float wide[std::is_same_v<W, uint16_t> ? kSlab * loragate::kPanelCols : 1];
-    for (int64_t k0 = 0; k0 < k; k0 += kSlab) {
+    if (last - first == 1)  // one row: every panel at once, the whole input (fma_row_panels)
+        loragate::fma_row_panels<kPanels, W>(xt + first * k, k, block, panel_values, sums[0]);
+    for (int64_t k0 = 0; k0 < k && last - first > 1; k0 += kSlab) {
         const int64_t k1 = std::min(k, k0 + kSlab);
         for (int64_t j = 0; j < kPanels; j++) {
             // The first tile asks for the slab that comes next (the next panel's, or the next

@@ -352,6 +352,35 @@ def test_the_fma_path_widens_a_slab_once_for_many_rows_with_the_same_bits(
 
 
 @needs_fma
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("silu", [False, True])
+def test_the_fma_path_takes_one_row_by_whole_blocks_with_the_same_bits(
+    dtype: torch.dtype, silu: bool, tmp_path: Path
+) -> None:
+    """A single row (a decode step of one sequence) runs a block's four panels at once over
+    the whole input (fma_row_panels) instead of a panel and a slab at a time (k = 600: a short
+    last slab there). Each output's products are summed in the same order: a row alone equals
+    that row of a 5-row call bit for bit, with and without the fused SiLU; a wrong panel, input
+    or order fails it. float32 weights take the same path on every FMA CPU."""
+    fma = NativeMatmul(build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512f",)))
+    n, k = 320, 600
+    if dtype is torch.bfloat16:
+        x, w, b, exact = _case(5, n, k, bias=True, seed=11)
+    else:
+        x, w, b, exact = _float32_case(5, n, k, bias=True, seed=11)
+    packed = fma.pack(w)
+
+    def run(rows: torch.Tensor) -> torch.Tensor:
+        return fma.silu(rows, packed, n // 2, b) if silu else fma(rows, packed, n, b)
+
+    whole = run(x)
+    if not silu and dtype is torch.bfloat16:
+        _within_a_bf16_step(whole, exact)
+    for r in range(5):
+        assert torch.equal(run(x[r : r + 1]), whole[r : r + 1]), r
+
+
+@needs_fma
 @pytest.mark.parametrize("rows", [1, 6, 13, 100])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_fused_silu_in_float32(rows: int, bias: bool) -> None:
