@@ -121,6 +121,15 @@ def start_vllm(python: Path, model: Path, dtype: str, workdir: Path) -> Server:
     return start(f"vllm-{dtype}", argv, env, port, workdir)
 
 
+def print_startup_choices(server: Server) -> None:
+    """The engine's logged start-up choices (which kernels this machine got), so a slow
+    figure can be told from a slow path."""
+    for line in server.log.read_text(errors="replace").splitlines():
+        text = line.split(":", 1)[-1].strip()  # after engine/cli.py's "LEVEL:"
+        if text.startswith(("engine.", "kernels.", "lora.")):
+            print(f"  {server.name} start-up: {text}", flush=True)
+
+
 def one(client: httpx.Client, url: str, request: BenchRequest) -> Timing:
     body = {
         "token_ids": list(request.prompt_token_ids),
@@ -241,13 +250,18 @@ def measure(
     servers = [start_loragate(model, dtype, args.threads, workdir)]
     if python is None:
         print(vllm_offline.missing_reason(), flush=True)
-    else:
-        servers.append(start_vllm(python, model, dtype, workdir))
-    timings: dict[str, list[Timing]] = {s.name.split("-")[0]: [] for s in servers}
+    timings: dict[str, list[Timing]] = {"loragate": []}
     idle_waits: list[float] = []
     try:
-        for server in servers:
-            wait_healthy(server)
+        # One start-up at a time: loragate times its kernels against oneDNN at start-up
+        # (engine/native_matmul.py), and beside vLLM's load and compile those timings lose
+        # (an AVX2 EPYC's run chose PyTorch's bf16 loop: TTFT 1.1 s instead of 0.2).
+        wait_healthy(servers[0])
+        print_startup_choices(servers[0])
+        if python is not None:
+            servers.append(start_vllm(python, model, dtype, workdir))
+            timings["vllm"] = []
+            wait_healthy(servers[1])
         with httpx.Client(timeout=600) as client:
             for server in servers:  # compiled kernels, allocator growth, connections
                 for r in warmup:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import types
 import typing
 from pathlib import Path
@@ -94,6 +95,7 @@ def _serve(args: argparse.Namespace) -> int:
         config = _engine_config(args)
     except ValueError as exc:
         raise SystemExit(f"loragate engine: {exc}") from exc
+    log_startup_choices()
     try:
         serve(
             config, host=args.host, port=args.port, admin_token=os.environ.get(args.admin_token_env)
@@ -101,6 +103,20 @@ def _serve(args: argparse.Namespace) -> int:
     except AdapterError as exc:  # a --lora-modules adapter failed validation at start-up
         raise SystemExit(f"loragate engine: --lora-modules: {exc.message}") from exc
     return 0
+
+
+def log_startup_choices() -> None:
+    """Show the engine's start-up choices (native kernels or oneDNN, attention backends,
+    packed weights: engine/native_matmul.py and its neighbours log them at INFO, once each) on
+    stderr: which paths this machine got decides its speed, and an operator, or a benchmark
+    reading the server's log, can see them. Per-request logging stays uvicorn's."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+    for name in ("engine", "kernels", "lora"):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
