@@ -159,7 +159,7 @@ void fma_item(const float* xt, int64_t first, int64_t last, int64_t k, const W* 
     alignas(64) float wide[std::is_same_v<W, uint16_t> ? kSlab * loragate::kPanelCols : 1];
     if (last - first == 1)  // one row: every panel at once, the whole input (fma_row_panels)
         loragate::fma_row_panels<kPanels, W>(xt + first * k, k, block, panel_values, sums[0]);
-    for (int64_t k0 = 0; k0 < k && last - first > 1; k0 += kSlab) {
+    else for (int64_t k0 = 0; k0 < k; k0 += kSlab) {
         const int64_t k1 = std::min(k, k0 + kSlab);
         for (int64_t j = 0; j < kPanels; j++) {
             // The first tile asks for the slab that comes next (the next panel's, or the next
