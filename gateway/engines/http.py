@@ -18,15 +18,15 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from pydantic import ValidationError
 
 from engine.protocol import GenerateRequest, GenerateResponse
 from gateway.engines import vllm_dialect
 from gateway.engines.api import EngineStreamError
+from gateway.engines.http_stream import HttpStream, ReadEvent, next_event
 from gateway.engines.http_wire import Pool, Response, WireError
 from gateway.engines.objectives import objective_header, objectives
 from gateway.engines.replicas import SPILL_AFTER, Replica, adapter_tiers, route
@@ -38,8 +38,6 @@ from tenancy.errors import BadRequest, ClientError
 log = logging.getLogger(__name__)
 
 GENERATE = "/inference/v1/generate"
-
-ReadEvent = Callable[[str], GenerateResponse]
 
 
 class _TryNext(Exception):
@@ -71,89 +69,6 @@ def _error_for(status: int, body: bytes) -> ClientError:
     if status == 503:
         return EngineOverloaded()
     return EngineFailed("The engine failed.", status_code=502)
-
-
-class HttpStream:
-    def __init__(
-        self,
-        client: HttpEngineClient,
-        replica: Replica,
-        request_id: str,
-        response: Response,
-        lines: AsyncIterator[str],
-        first: GenerateResponse,
-    ) -> None:
-        self._client = client
-        self._replica = replica
-        # The engine's own name for the request, which its /abort_requests knows (vLLM renames
-        # it; loragate's engine echoes ours).
-        self._request_id = first.request_id or request_id
-        self._response = response
-        self._lines = lines
-        self._first: GenerateResponse | None = first
-        self._done = False
-        self._closed = False
-        self._aborted = False
-
-    def __aiter__(self) -> AsyncIterator[GenerateResponse]:
-        return self._events()
-
-    async def _events(self) -> AsyncIterator[GenerateResponse]:
-        if self._first is not None:
-            first, self._first = self._first, None
-            yield first
-        while True:
-            try:
-                event = await _next_event(self._lines, self._client.read_event)
-            except EngineStreamError:
-                raise  # an error event: the request failed, the replica may be fine
-            except WireError:
-                self._client.mark_failed(self._replica)
-                raise EngineStreamError("The engine replica failed mid-stream.") from None
-            if event is None:
-                self._done = True
-                await self._drain()
-                return
-            yield event
-
-    async def _drain(self) -> None:
-        """Read to the end of the body, so the connection goes back to the pool."""
-        with contextlib.suppress(WireError):
-            async for _ in self._lines:
-                pass
-
-    def abort(self) -> None:
-        if self._aborted or self._done or self._closed:
-            return
-        self._aborted = True
-        self._client.abort_later(self._replica, self._request_id)
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._replica.outstanding -= 1
-        self._response.close()
-        if not self._done and not self._aborted:
-            self._client.abort_later(self._replica, self._request_id)
-
-
-async def _next_event(lines: AsyncIterator[str], read: ReadEvent) -> GenerateResponse | None:
-    """The next `data:` event; None at `[DONE]` or the end of the body."""
-    async for line in lines:
-        if not line.startswith("data: "):
-            continue  # blank separators and comments
-        payload = line[len("data: ") :]
-        if payload == "[DONE]":
-            return None
-        try:
-            if '"error"' in payload[:20]:
-                error = json.loads(payload).get("error", {})
-                raise EngineStreamError(str(error.get("message", "engine error"))[:500])
-            return read(payload)
-        except (ValueError, ValidationError) as exc:
-            raise EngineStreamError("The engine sent an unreadable event.") from exc
-    return None
 
 
 class HttpEngineClient:
@@ -371,7 +286,7 @@ class HttpEngineClient:
                 raise error
             lines = response.lines()
             try:
-                first = await _next_event(lines, self.read_event)
+                first = await next_event(lines, self.read_event)
             except (WireError, EngineStreamError) as exc:
                 response.close()
                 self.mark_failed(replica)
