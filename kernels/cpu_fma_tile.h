@@ -15,6 +15,7 @@
 // float32 matmuls compute, summed in another order.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -54,15 +55,39 @@ template <typename W> inline void prefetch_line(const W* p) {
     _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
 }
 
+// `lines` lines from `base` asked for over `iterations` loop iterations, one every
+// `iterations / lines` of them (a countdown: no division in the loop, whose iterations take a
+// few cycles each). Where no lines are asked for, `at` is a decrement that never reaches zero.
+struct SpreadAhead {
+    const char* base;
+    int64_t lines;
+    int64_t every;
+    int64_t countdown;
+
+    SpreadAhead(const void* ahead, int64_t ahead_lines, int64_t iterations)
+        : base(static_cast<const char*>(ahead)),
+          lines(ahead != nullptr ? std::min(ahead_lines, iterations) : 0),
+          every(lines > 0 ? iterations / lines : 0),
+          countdown(lines > 0 ? 1 : iterations + 1) {}
+
+    inline void at() {
+        if (--countdown != 0) return;
+        _mm_prefetch(base, _MM_HINT_T0);
+        base += 64;
+        countdown = --lines > 0 ? every : INT64_MAX;
+    }
+};
+
 // `x`: a row tile ([k][kFmaRows], M <= kFmaRows rows used). `first`: the sums start at
-// zero (the first slab of inputs), else they are read and added to. `ahead` (or null): a
-// stream asked for into L1 a line an iteration, as this panel's slab is read (a slab is one
-// line an iteration in both layouts). Every loop over acc is
-// unrolled so its indices are constants and acc stays in registers.
+// zero (the first slab of inputs), else they are read and added to. `ahead` (or null): the
+// start of `ahead_lines` lines asked for as this panel's slab is read, spread evenly over its
+// iterations (at most one an iteration: a slab is one line an iteration in both layouts).
+// Every loop over acc is unrolled so its indices are constants and acc stays in registers.
 template <int M, typename W>
 inline void fma_tile(const float* x, int64_t k0, int64_t k1, const W* panel, float* sums,
-                     int64_t sums_stride, bool first, const W* ahead) {
+                     int64_t sums_stride, bool first, const W* ahead, int64_t ahead_lines) {
     constexpr int64_t R = kFmaRows;
+    SpreadAhead asks(ahead, ahead_lines, sizeof(W) == 4 ? k1 - k0 : (k1 - k0) / 2);
     __m256 acc[M][2];
 #pragma GCC unroll 6
     for (int m = 0; m < M; m++) {
@@ -72,7 +97,7 @@ inline void fma_tile(const float* x, int64_t k0, int64_t k1, const W* panel, flo
     if constexpr (sizeof(W) == 4) {
         const float* w = reinterpret_cast<const float*>(panel) + k0 * kPanelCols;
         for (int64_t i = k0; i < k1; i++, w += kPanelCols) {
-            if (ahead != nullptr) prefetch_line(ahead + (i - k0) * kPanelCols);
+            asks.at();
             const __m256 w0 = _mm256_loadu_ps(w);
             const __m256 w1 = _mm256_loadu_ps(w + 8);
 #pragma GCC unroll 6
@@ -85,7 +110,7 @@ inline void fma_tile(const float* x, int64_t k0, int64_t k1, const W* panel, flo
     } else {
         const uint16_t* w = reinterpret_cast<const uint16_t*>(panel) + k0 * kPanelCols;
         for (int64_t i = k0; i < k1; i += 2, w += 2 * kPanelCols) {
-            if (ahead != nullptr) prefetch_line(ahead + (i - k0) * kPanelCols);
+            asks.at();
             const __m256 even0 = even_inputs(w);
             const __m256 even1 = even_inputs(w + 16);
 #pragma GCC unroll 6
@@ -182,14 +207,16 @@ __attribute__((noinline)) void fma_row_panels(const float* x, int64_t k, const W
 template <typename W>
 __attribute__((noinline)) void fma_rows(int rows, const float* x, int64_t k0, int64_t k1,
                                         const W* panel, float* sums, int64_t sums_stride,
-                                        bool first, const W* ahead) {
+                                        bool first, const W* ahead = nullptr,
+                                        int64_t ahead_lines = 0) {
+    const int64_t n = ahead_lines;
     switch (rows) {
-        case 1: return fma_tile<1, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
-        case 2: return fma_tile<2, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
-        case 3: return fma_tile<3, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
-        case 4: return fma_tile<4, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
-        case 5: return fma_tile<5, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
-        default: return fma_tile<6, W>(x, k0, k1, panel, sums, sums_stride, first, ahead);
+        case 1: return fma_tile<1, W>(x, k0, k1, panel, sums, sums_stride, first, ahead, n);
+        case 2: return fma_tile<2, W>(x, k0, k1, panel, sums, sums_stride, first, ahead, n);
+        case 3: return fma_tile<3, W>(x, k0, k1, panel, sums, sums_stride, first, ahead, n);
+        case 4: return fma_tile<4, W>(x, k0, k1, panel, sums, sums_stride, first, ahead, n);
+        case 5: return fma_tile<5, W>(x, k0, k1, panel, sums, sums_stride, first, ahead, n);
+        default: return fma_tile<6, W>(x, k0, k1, panel, sums, sums_stride, first, ahead, n);
     }
 }
 

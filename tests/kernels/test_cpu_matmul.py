@@ -353,6 +353,39 @@ def test_the_fma_path_widens_a_slab_once_for_many_rows_with_the_same_bits(
 
 @needs_fma
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [8, 100, 300])
+def test_the_fma_path_gives_the_same_bits_at_any_thread_count(
+    dtype: torch.dtype, rows: int, tmp_path: Path
+) -> None:
+    """On the FMA path each thread takes a run of work items (a block, up to 96 rows) and, done
+    with it, items from the back of another's; a block's later chunks ask for nothing ahead, the
+    last asks for the next block. Any split (more threads than items included) computes every
+    output once, in the same order: the same bits at 1, 2, 3, 7 and 64 threads."""
+    fma = NativeMatmul(build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512f",)))
+    n, k = 1280, 600  # 20 blocks; 300 rows: 4 chunks, the last one short
+    if dtype is torch.bfloat16:
+        x, w, b, exact = _case(rows, n, k, bias=True, seed=rows)
+    else:
+        x, w, b, exact = _float32_case(rows, n, k, bias=True, seed=rows)
+    packed = fma.pack(w)
+    before = torch.get_num_threads()
+    outs = {}
+    try:
+        for threads in (1, 2, 3, 7, 64):
+            torch.set_num_threads(threads)
+            outs[threads] = fma(x, packed, n, b)
+    finally:
+        torch.set_num_threads(before)
+    if dtype is torch.bfloat16:
+        _within_a_bf16_step(outs[1], exact)
+    else:
+        torch.testing.assert_close(outs[1].double(), exact, rtol=1e-5, atol=k * 2e-7)
+    for threads, y in outs.items():
+        assert torch.equal(y, outs[1]), threads
+
+
+@needs_fma
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("silu", [False, True])
 def test_the_fma_path_takes_one_row_by_whole_blocks_with_the_same_bits(
     dtype: torch.dtype, silu: bool, tmp_path: Path
