@@ -11,6 +11,7 @@ runs; on an AVX-512 CPU a build without AVX-512 checks it."""
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -94,17 +95,23 @@ def test_any_thread_count_gives_the_same_bits(rows: int) -> None:
     computes every output once, in the same order."""
     x, w, b, exact = _case(rows, 1280, 768, bias=True, seed=4)
     packed = KERNEL.pack(w)
+    outs = _at_thread_counts(lambda: KERNEL(x, packed, 1280, b))
+    _within_a_bf16_step(outs[1], exact)
+    for threads, y in outs.items():
+        assert torch.equal(y, outs[1]), threads
+
+
+def _at_thread_counts(run: Callable[[], torch.Tensor]) -> dict[int, torch.Tensor]:
+    """`run()` at 1, 2, 3, 7 and 64 threads (more than the items of some calls)."""
     before = torch.get_num_threads()
     outs = {}
     try:
         for threads in (1, 2, 3, 7, 64):
             torch.set_num_threads(threads)
-            outs[threads] = KERNEL(x, packed, 1280, b)
+            outs[threads] = run()
     finally:
         torch.set_num_threads(before)
-    _within_a_bf16_step(outs[1], exact)
-    for threads, y in outs.items():
-        assert torch.equal(y, outs[1]), threads
+    return outs
 
 
 @needs_bf16_dot
@@ -368,14 +375,7 @@ def test_the_fma_path_gives_the_same_bits_at_any_thread_count(
     else:
         x, w, b, exact = _float32_case(rows, n, k, bias=True, seed=rows)
     packed = fma.pack(w)
-    before = torch.get_num_threads()
-    outs = {}
-    try:
-        for threads in (1, 2, 3, 7, 64):
-            torch.set_num_threads(threads)
-            outs[threads] = fma(x, packed, n, b)
-    finally:
-        torch.set_num_threads(before)
+    outs = _at_thread_counts(lambda: fma(x, packed, n, b))
     if dtype is torch.bfloat16:
         _within_a_bf16_step(outs[1], exact)
     else:
