@@ -179,19 +179,15 @@ void fma_item(const float* xt, int64_t first, int64_t last, int64_t k, const W* 
             // later chunk), nothing is asked for: L1's own prefetcher follows the slab.
             const W* ahead = nullptr;
             int64_t ahead_inputs = 0;  // inputs of the slab it starts
-            if (j + 1 < kPanels) {
-                if (cold) {
-                    ahead = block + (j + 1) * panel_values + k0 * loragate::kPanelCols;
-                    ahead_inputs = k1 - k0;
-                }
-            } else if (k1 < k) {
-                if (cold) {
-                    ahead = block + k1 * loragate::kPanelCols;
-                    ahead_inputs = std::min(k, k1 + kSlab) - k1;
-                }
-            } else if (next != nullptr) {
+            if (j + 1 == kPanels && k1 == k) {  // the block's last slab: the next block's first
                 ahead = next;
-                ahead_inputs = std::min(k, kSlab);
+                ahead_inputs = next != nullptr ? std::min(k, kSlab) : 0;
+            } else if (cold && j + 1 < kPanels) {
+                ahead = block + (j + 1) * panel_values + k0 * loragate::kPanelCols;
+                ahead_inputs = k1 - k0;
+            } else if (cold) {
+                ahead = block + k1 * loragate::kPanelCols;
+                ahead_inputs = std::min(k, k1 + kSlab) - k1;
             }
             const int64_t ahead_lines = ahead_inputs * loragate::kPanelCols / kLineValues;
             if constexpr (std::is_same_v<W, uint16_t>) {
