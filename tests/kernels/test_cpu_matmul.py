@@ -6,12 +6,11 @@ tile; on the FMA path tiles of 6 rows, slabs of 256 inputs). On an AMX
 CPU the weights whose input width is a multiple of 32 take the AMX path and the others (k = 2,
 8) the vdpbf16ps one; a build without AMX checks the latter on the same shapes. The FMA path
 (AVX2: bf16 weights widened to float32, and every float32 matmul) is what an AVX2-only CPU
-runs; on an AVX-512 CPU a build without AVX-512 checks it."""
+runs; on an AVX-512 CPU a build without AVX-512 checks it: tests/kernels/test_cpu_matmul_fma.py."""
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,36 +24,18 @@ from kernels.cpu_matmul import (
     deinterleave_gate_up,
     deinterleave_outputs,
     interleave_gate_up,
-    native_matmul,
     packed_size,
     unpack,
 )
 from kernels.cpu_native import build
-
-KERNEL = native_matmul()
-needs_bf16_dot = pytest.mark.skipif(
-    not KERNEL.available,
-    reason="this CPU has neither AVX512-BF16 nor AVX2 + FMA: the kernel is built without them",
+from tests.kernels.matmul_cases import (
+    KERNEL,
+    at_thread_counts,
+    case,
+    fused_silu_against_separate,
+    needs_bf16_dot,
+    within_a_bf16_step,
 )
-needs_fma = pytest.mark.skipif(
-    not KERNEL.f32_available, reason="this CPU has no AVX2 + FMA: no float32 path is built"
-)
-
-
-def _case(rows: int, n: int, k: int, bias: bool, seed: int = 0):  # type: ignore[no-untyped-def]
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, k, generator=gen).bfloat16()
-    w = (torch.randn(n, k, generator=gen) * k**-0.5).bfloat16()
-    b = torch.randn(n, generator=gen).bfloat16() if bias else None
-    exact = x.double() @ w.double().T + (0 if b is None else b.double())
-    return x, w, b, exact
-
-
-def _within_a_bf16_step(y: torch.Tensor, exact: torch.Tensor) -> None:
-    # float32 sums in another order, then one rounding: at most a step of bf16 (2^-8 relative)
-    # beyond the rounding of the exact value itself
-    assert y.dtype is torch.bfloat16
-    torch.testing.assert_close(y.double(), exact, rtol=2**-7, atol=1e-3)
 
 
 @needs_bf16_dot
@@ -62,10 +43,10 @@ def _within_a_bf16_step(y: torch.Tensor, exact: torch.Tensor) -> None:
 @pytest.mark.parametrize("n, k", [(64, 2), (1280, 768), (100, 64), (768, 2048), (130, 96)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_the_float64_products(rows: int, n: int, k: int, bias: bool) -> None:
-    x, w, b, exact = _case(rows, n, k, bias)
+    x, w, b, exact = case(rows, n, k, bias)
     y = KERNEL(x, KERNEL.pack(w), n, b)
     assert y.shape == (rows, n)
-    _within_a_bf16_step(y, exact)
+    within_a_bf16_step(y, exact)
     # and it agrees with F.linear almost everywhere (the same sums in another order)
     same = (y == torch.nn.functional.linear(x, w, b)).float().mean().item()
     assert same > 0.98
@@ -73,7 +54,7 @@ def test_matches_the_float64_products(rows: int, n: int, k: int, bias: bool) -> 
 
 @needs_bf16_dot
 def test_rows_are_independent_and_strided_inputs_are_taken() -> None:
-    x, w, _, exact = _case(20, 192, 256, bias=False)
+    x, w, _, exact = case(20, 192, 256, bias=False)
     packed = KERNEL.pack(w)
     whole = KERNEL(x, packed, 192)
     for r in (0, 5, 6, 19):  # a row alone gives that row of the twenty, whichever tile it was in
@@ -84,7 +65,7 @@ def test_rows_are_independent_and_strided_inputs_are_taken() -> None:
     assert torch.equal(KERNEL(wide[:, :256], packed, 192), whole)  # rows 512 apart, read in place
     assert torch.equal(KERNEL(x.T.contiguous().T, packed, 192), whole)  # column-major: copied
     assert KERNEL(x[:0], packed, 192).shape == (0, 192)
-    _within_a_bf16_step(whole, exact)
+    within_a_bf16_step(whole, exact)
 
 
 @needs_bf16_dot
@@ -93,25 +74,12 @@ def test_any_thread_count_gives_the_same_bits(rows: int) -> None:
     """Each thread takes a run of consecutive work items and asks for the next one's block
     while it computes this one's later tiles: any split (more threads than blocks included)
     computes every output once, in the same order."""
-    x, w, b, exact = _case(rows, 1280, 768, bias=True, seed=4)
+    x, w, b, exact = case(rows, 1280, 768, bias=True, seed=4)
     packed = KERNEL.pack(w)
-    outs = _at_thread_counts(lambda: KERNEL(x, packed, 1280, b))
-    _within_a_bf16_step(outs[1], exact)
+    outs = at_thread_counts(lambda: KERNEL(x, packed, 1280, b))
+    within_a_bf16_step(outs[1], exact)
     for threads, y in outs.items():
         assert torch.equal(y, outs[1]), threads
-
-
-def _at_thread_counts(run: Callable[[], torch.Tensor]) -> dict[int, torch.Tensor]:
-    """`run()` at 1, 2, 3, 7 and 64 threads (more than the items of some calls)."""
-    before = torch.get_num_threads()
-    outs = {}
-    try:
-        for threads in (1, 2, 3, 7, 64):
-            torch.set_num_threads(threads)
-            outs[threads] = run()
-    finally:
-        torch.set_num_threads(before)
-    return outs
 
 
 @needs_bf16_dot
@@ -121,7 +89,7 @@ def test_asking_for_spans_changes_no_value(rows: int, threads: int) -> None:
     """matmul_spans_bf16 (the native decode step's, kernels/cpu_decoder.cpp): the tiles also ask
     for memory a later kernel reads (more or fewer lines than the tiles can ask for, spans of
     odd sizes); the outputs are matmul_bf16's, bit for bit."""
-    x, w, b, exact = _case(rows, 1280, 768, bias=True, seed=5)
+    x, w, b, exact = case(rows, 1280, 768, bias=True, seed=5)
     packed = KERNEL.pack(w)
     entry = ctypes.CDLL(str(build(source=SOURCE, extra_flags=EXTRA_FLAGS))).matmul_spans_bf16
     p, i = ctypes.c_void_p, ctypes.c_int64
@@ -143,7 +111,7 @@ def test_asking_for_spans_changes_no_value(rows: int, threads: int) -> None:
             assert torch.equal(y, plain), lines
     finally:
         torch.set_num_threads(before)
-    _within_a_bf16_step(plain, exact)
+    within_a_bf16_step(plain, exact)
 
 
 @needs_bf16_dot
@@ -195,11 +163,11 @@ def test_amx_and_the_dot_product_build_agree(rows: int, tmp_path: Path) -> None:
     in another order, equal almost everywhere."""
     plain = NativeMatmul(build(tmp_path, source=SOURCE, extra_flags=("-mno-amx-tile",)))
     assert plain.available and not plain.amx and not plain.tiled(768)
-    x, w, b, exact = _case(rows, 320, 768, bias=True, seed=rows)
+    x, w, b, exact = case(rows, 320, 768, bias=True, seed=rows)
     by_amx = KERNEL(x, KERNEL.pack(w), 320, b)
     by_dot = plain(x, plain.pack(w), 320, b)
-    _within_a_bf16_step(by_amx, exact)
-    _within_a_bf16_step(by_dot, exact)
+    within_a_bf16_step(by_amx, exact)
+    within_a_bf16_step(by_dot, exact)
     assert (by_amx == by_dot).float().mean().item() > 0.98
 
 
@@ -248,11 +216,9 @@ def test_the_fused_silu_equals_the_matmul_then_silu_mul(rows: int, bias: bool) -
     """The gate/up projection and SiLU in one pass: bit for bit the separate matmul (gate and up
     rounded to bf16) and kernels/cpu_layer.cpp's silu_mul, on the interleaved weight."""
     width = 96
-    x, w, b, _ = _case(rows, 2 * width, 64, bias, seed=rows)
-    separate = native_layer().silu_mul(KERNEL(x, KERNEL.pack(w), 2 * width, b))
-    packed = KERNEL.pack(interleave_gate_up(w, width))
-    b_mixed = None if b is None else interleave_gate_up(b, width).contiguous()
-    assert torch.equal(KERNEL.silu(x, packed, width, b_mixed), separate)
+    x, w, b, _ = case(rows, 2 * width, 64, bias, seed=rows)
+    fused, separate, packed, b_mixed = fused_silu_against_separate(x, w, b, width)
+    assert torch.equal(fused, separate)
     # the same packed copy serves the plain matmul, its outputs put back in order
     plain = deinterleave_outputs(KERNEL(x, packed, 2 * width, b_mixed), width)
     assert torch.equal(plain, KERNEL(x, KERNEL.pack(w), 2 * width, b))
@@ -280,148 +246,3 @@ def test_the_fused_silu_keeps_the_separate_bits_at_special_values() -> None:
     fused = KERNEL.silu(x, packed, width, interleave_gate_up(b, width).contiguous())
     assert separate[:, : len(specials)].isnan().any()  # the specials reached the outputs
     assert torch.equal(fused.view(torch.int16), separate.view(torch.int16))
-
-
-def _float32_case(rows: int, n: int, k: int, bias: bool, seed: int = 0):  # type: ignore[no-untyped-def]
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, k, generator=gen)
-    w = torch.randn(n, k, generator=gen) * k**-0.5
-    b = torch.randn(n, generator=gen) if bias else None
-    exact = x.double() @ w.double().T + (0 if b is None else b.double())
-    return x, w, b, exact
-
-
-@needs_fma
-@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 96, 97, 200])
-@pytest.mark.parametrize("n, k", [(64, 2), (1280, 768), (100, 64), (768, 600), (130, 96)])
-@pytest.mark.parametrize("bias", [False, True])
-def test_float32_matches_the_float64_products(rows: int, n: int, k: int, bias: bool) -> None:
-    """float32 sums of float32 products (slabs of 256 inputs: k = 600 takes a short last slab)."""
-    x, w, b, exact = _float32_case(rows, n, k, bias, seed=rows)
-    y = KERNEL(x, KERNEL.pack(w), n, b)
-    assert y.shape == (rows, n) and y.dtype is torch.float32
-    # a sum of k products in float32: each partial sum rounds by 2^-24 relative
-    torch.testing.assert_close(y.double(), exact, rtol=1e-5, atol=k * 2e-7)
-    torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=k * 2e-7)
-
-
-@needs_fma
-def test_the_float32_layout_holds_panels_of_16_and_unpacks() -> None:
-    n, k = 100, 6
-    w = torch.randn(n, k)
-    packed = KERNEL.pack(w)
-    assert packed.dtype is torch.float32 and packed.numel() == packed_size(n, k)
-    # block 0, panel 0: input after input, each input's 16 outputs side by side
-    assert torch.equal(packed[: k * 16].view(k, 16), w[:16].T)
-    assert torch.equal(packed[k * 16 : k * 32].view(k, 16), w[16:32].T)
-    # the last block's panels past output 100 are zero
-    last = packed[64 * k :].view(4, k, 16)
-    assert torch.equal(last[2, :, :4], w[96:].T)
-    assert not last[2, :, 4:].any() and not last[3].any()
-    assert torch.equal(KERNEL.unpack(packed, n, k), w)
-
-
-@needs_fma
-@pytest.mark.parametrize("rows", [1, 4, 5, 6, 81, 200])
-def test_the_fma_path_in_bf16(rows: int, tmp_path: Path) -> None:
-    """bf16 weights widened to float32 as they are read (what an AVX2-only CPU runs; on this CPU
-    too where it has AVX512-BF16, by a build without AVX-512): within a bf16 step of the exact
-    products, equal to F.linear almost everywhere, the weight packed as column tiles of 16."""
-    fma = NativeMatmul(build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512f",)))
-    assert fma.available and fma.f32_available and not fma.amx and fma.tiled(8)
-    x, w, b, exact = _case(rows, 320, 768, bias=True, seed=rows)
-    packed = fma.pack(w)
-    assert torch.equal(fma.unpack(packed, 320, 768), w)
-    assert torch.equal(packed[: 768 * 16].view(384, 16, 2), w[:16].view(16, 384, 2).transpose(0, 1))
-    y = fma(x, packed, 320, b)
-    _within_a_bf16_step(y, exact)
-    assert (y == torch.nn.functional.linear(x, w, b)).float().mean().item() > 0.98
-
-
-@needs_fma
-@pytest.mark.parametrize("silu", [False, True])
-def test_the_fma_path_widens_a_slab_once_for_many_rows_with_the_same_bits(
-    silu: bool, tmp_path: Path
-) -> None:
-    """On the FMA path a work item of four or more row tiles widens each bf16 panel slab to
-    float32 once and runs the float32 loop over it; fewer rows widen the weights as they read
-    them. The products and their order are the same: so are the bits, row by row."""
-    fma = NativeMatmul(build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512f",)))
-    x, w, b, _ = _case(100, 320, 768, bias=True, seed=7)
-    packed = fma.pack(w)
-
-    def run(rows: torch.Tensor) -> torch.Tensor:
-        return fma.silu(rows, packed, 160, b) if silu else fma(rows, packed, 320, b)
-
-    whole = run(x)  # 96 + 4 rows: the first item widens (16 tiles), the second does not
-    for r in range(0, 100, 6):  # one tile each: widened as read
-        assert torch.equal(run(x[r : r + 6]), whole[r : r + 6]), r
-
-
-@needs_fma
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("rows", [8, 100, 300])
-def test_the_fma_path_gives_the_same_bits_at_any_thread_count(
-    dtype: torch.dtype, rows: int, tmp_path: Path
-) -> None:
-    """On the FMA path each thread takes a run of work items (a block, up to 96 rows) and, done
-    with it, items from the back of another's; a block's later chunks ask for nothing ahead, the
-    last asks for the next block. Any split (more threads than items included) computes every
-    output once, in the same order: the same bits at 1, 2, 3, 7 and 64 threads."""
-    fma = NativeMatmul(build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512f",)))
-    n, k = 1280, 600  # 20 blocks; 300 rows: 4 chunks, the last one short
-    if dtype is torch.bfloat16:
-        x, w, b, exact = _case(rows, n, k, bias=True, seed=rows)
-    else:
-        x, w, b, exact = _float32_case(rows, n, k, bias=True, seed=rows)
-    packed = fma.pack(w)
-    outs = _at_thread_counts(lambda: fma(x, packed, n, b))
-    if dtype is torch.bfloat16:
-        _within_a_bf16_step(outs[1], exact)
-    else:
-        torch.testing.assert_close(outs[1].double(), exact, rtol=1e-5, atol=k * 2e-7)
-    for threads, y in outs.items():
-        assert torch.equal(y, outs[1]), threads
-
-
-@needs_fma
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("silu", [False, True])
-def test_the_fma_path_takes_one_row_by_whole_blocks_with_the_same_bits(
-    dtype: torch.dtype, silu: bool, tmp_path: Path
-) -> None:
-    """A single row (a decode step of one sequence) runs a block's four panels at once over
-    the whole input (fma_row_panels) instead of a panel and a slab at a time (k = 600: a short
-    last slab there). Each output's products are summed in the same order: a row alone equals
-    that row of a 5-row call bit for bit, with and without the fused SiLU; a wrong panel, input
-    or order fails it. float32 weights take the same path on every FMA CPU."""
-    fma = NativeMatmul(build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512f",)))
-    n, k = 320, 600
-    if dtype is torch.bfloat16:
-        x, w, b, exact = _case(5, n, k, bias=True, seed=11)
-    else:
-        x, w, b, exact = _float32_case(5, n, k, bias=True, seed=11)
-    packed = fma.pack(w)
-
-    def run(rows: torch.Tensor) -> torch.Tensor:
-        return fma.silu(rows, packed, n // 2, b) if silu else fma(rows, packed, n, b)
-
-    whole = run(x)
-    if not silu and dtype is torch.bfloat16:
-        _within_a_bf16_step(whole, exact)
-    for r in range(5):
-        assert torch.equal(run(x[r : r + 1]), whole[r : r + 1]), r
-
-
-@needs_fma
-@pytest.mark.parametrize("rows", [1, 6, 13, 100])
-@pytest.mark.parametrize("bias", [False, True])
-def test_the_fused_silu_in_float32(rows: int, bias: bool) -> None:
-    """silu(gate) * up in the same pass equals the matmul then kernels/cpu_layer.cpp's
-    silu_mul, bit for bit."""
-    width = 96
-    x, w, b, _ = _float32_case(rows, 2 * width, 64, bias, seed=rows)
-    separate = native_layer().silu_mul(KERNEL(x, KERNEL.pack(w), 2 * width, b))
-    packed = KERNEL.pack(interleave_gate_up(w, width))
-    b_mixed = None if b is None else interleave_gate_up(b, width).contiguous()
-    assert torch.equal(KERNEL.silu(x, packed, width, b_mixed), separate)
