@@ -16,7 +16,7 @@ from engine.attention import AttentionMetadata, DecodeBackend, PrefillSegment
 from engine.compile_decode import CompiledDecode
 from engine.decode_backend import choose_decode_backend
 from engine.models.hf_config import ModelConfig
-from engine.models.llama import LlamaForCausalLM
+from engine.models.llama import KeptRows, LlamaForCausalLM
 from engine.native_decoder import NativeDecodeStep, build_native_decode_step
 from engine.outputs import ScheduledSeq, SchedulerOutput
 from engine.prefill_backend import choose_prefill_kernel, choose_prefill_softmax
@@ -151,8 +151,12 @@ class ModelRunner:
         hidden = None
         if decodes and not prefills:
             hidden = self._decode_only(decodes, has_lora, input_ids, positions, slots)
-        if hidden is None:
-            hidden = self._forward_eager(decodes, prefills, has_lora, input_ids, positions, slots)
+        if hidden is not None:
+            return self._logits(ordered, hidden)
+        kept = _kept_rows(ordered)
+        hidden = self._forward_eager(decodes, prefills, has_lora, input_ids, positions, slots, kept)
+        if kept is not None:  # hidden holds the sampling rows alone, in order
+            return ForwardOutput(_sampling_seqs(ordered), self.model.compute_logits(hidden), [])
         return self._logits(ordered, hidden)
 
     def _decode_only(
@@ -190,7 +194,8 @@ class ModelRunner:
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         slots: torch.Tensor,
-    ) -> torch.Tensor:  # [num_tokens, hidden]
+        kept: list[int] | None,
+    ) -> torch.Tensor:  # [num_tokens, hidden]; [len(kept), hidden] where `kept` is given
         ordered = decodes + prefills
         meta = AttentionMetadata(
             slot_mapping=slots,
@@ -214,9 +219,13 @@ class ModelRunner:
             )
             start += item.num_new_tokens
 
+        keep = None if kept is None else KeptRows(self._rows_tensor(kept))
         if has_lora:
-            return self._forward_lora(ordered, len(decodes), input_ids, positions, meta)
-        return self.model(input_ids, positions, self.kv_caches, meta)
+            return self._forward_lora(ordered, len(decodes), input_ids, positions, meta, keep)
+        return self.model(input_ids, positions, self.kv_caches, meta, keep)
+
+    def _rows_tensor(self, rows: list[int]) -> torch.Tensor:
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
 
     def _logits(self, ordered: list[ScheduledSeq], hidden: torch.Tensor) -> ForwardOutput:
         sample_rows: list[int] = []
@@ -233,8 +242,7 @@ class ModelRunner:
                 if found is not None:
                     prompt_logits.append(found)
             start = end
-        rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
-        logits = self.model.compute_logits(hidden[rows])  # [num_sampling, vocab]
+        logits = self.model.compute_logits(hidden[self._rows_tensor(sample_rows)])
         return ForwardOutput(sampling_seqs, logits, prompt_logits)
 
     def _adapter_slot(self, item: ScheduledSeq) -> int:
@@ -249,12 +257,26 @@ class ModelRunner:
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
-    ) -> torch.Tensor:  # [num_tokens, hidden]
+        keep: KeptRows | None,
+    ) -> torch.Tensor:  # [num_tokens, hidden]; with `keep`, [num_kept, hidden]
         assert self.lora is not None
         context = self.lora.layers.context
         context.batch = self._lora_batch(ordered, num_decodes)
+        if keep is not None:
+            # the kept rows are the sampling rows, one token each, in `ordered`'s order
+            sampling = [item for item in ordered if item.is_sampling]
+            kept_batch = self.lora.batch_for(
+                [adapter_of(item.seq) for item in sampling],
+                [1] * len(sampling),
+                num_decodes=len(sampling),
+            )
+
+            def use_kept_batch() -> None:
+                context.batch = kept_batch
+
+            keep = KeptRows(keep.rows, on_prune=use_kept_batch)
         try:
-            return self.model(input_ids, positions, self.kv_caches, meta)
+            return self.model(input_ids, positions, self.kv_caches, meta, keep)
         finally:
             context.batch = None
 
@@ -330,6 +352,26 @@ class ModelRunner:
             table = item.seq.block_table[:max_blocks]
             rows.append(table + [0] * (max_blocks - len(table)))
         return torch.tensor(rows, dtype=torch.long, device=self.device)
+
+
+def _kept_rows(ordered: list[ScheduledSeq]) -> list[int] | None:
+    """The step's sampling rows, where the last layer may run on them alone (KeptRows; none
+    where the step's chunks all end inside their prompts: that layer then only writes its K/V);
+    None where every row is read: all are sampled (decode-only), or some sequence asks for
+    prompt logprobs (they read every prompt row)."""
+    rows: list[int] = []
+    end = 0
+    for item in ordered:
+        if item.seq.request.sampling_params.prompt_logprobs is not None:
+            return None
+        end += item.num_new_tokens
+        if item.is_sampling:
+            rows.append(end - 1)
+    return rows if len(rows) < end else None
+
+
+def _sampling_seqs(ordered: list[ScheduledSeq]) -> list[Sequence]:
+    return [item.seq for item in ordered if item.is_sampling]
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -113,7 +113,7 @@ class LoRALinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, in_features]
         # The base may be an nn.Linear or its packed form (engine/packed_linear.py).
         out = self.base(x)  # [num_tokens, out_features]
-        for part, meta in self._parts_with_deltas():
+        for part, meta in self._parts_with_deltas(x.shape[0]):
             rows = part.rows
             lora_add(
                 x[rows],
@@ -131,17 +131,21 @@ class LoRALinear(nn.Module):
         """The base's fused SiLU pass (engine/packed_linear.py) where no token of this step adds
         a delta here (the delta must come before the SiLU); None: the caller runs the two steps."""
         fused = getattr(self.base, "silu_forward", None)
-        if fused is None or self._parts_with_deltas():
+        if fused is None or self._parts_with_deltas(x.shape[0]):
             return None
         result: torch.Tensor | None = fused(x)
         return result
 
-    def _parts_with_deltas(self) -> list[tuple[LoRAPart, LoRAKernelMeta]]:
+    def _parts_with_deltas(self, num_rows: int) -> list[tuple[LoRAPart, LoRAKernelMeta]]:
         """The step's parts (and this wrapper's kernel metadata for each) in which some token's
         adapter targets a sub-projection here; none without a batch."""
         batch = self.context.batch
         if batch is None:
             return []
+        if batch.num_tokens != num_rows:  # the kernels would read and write past the rows
+            raise RuntimeError(
+                f"the step's adapter batch covers {batch.num_tokens} rows, the input has {num_rows}"
+            )
         found = []
         for part in batch.parts:
             meta = part.metas[len(self.subs) - 1]
