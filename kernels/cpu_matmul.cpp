@@ -59,11 +59,14 @@ constexpr int64_t kChunk = 96;  // rows per work item: a block's panel reused 16
 #if defined(__AVX512BF16__)
 // Rows [first, last) of one block by vdpbf16ps, six at a time. The first tile streams the block
 // from memory; the others read it from L2 and leave memory idle, so they ask for `next` (the
-// block this thread takes next, or null), a slice each of at most a line a step for six rows (what
-// a tile's compute covers; fewer for fewer rows), and the next block's first tile finds that
-// much in L2. Session 16, the small
-// model's projections at 64 rows: 384 -> 400 GFLOP/s (of 467 peak); at 8 rows, with the whole
-// next block asked for by the 2-row second tile, 25% slower: hence the cap.
+// block this thread takes next, or null), the whole of it shared between them, at most four
+// lines a step for six rows (fewer for fewer rows), and the next block's first tile finds it in
+// L2. Session 16, the small model's projections at 64 rows: 384 -> 400 GFLOP/s (of 467 peak);
+// at 8 rows, with the whole next block asked for by the 2-row second tile, 25% slower: hence
+// the scaling by rows. Session 28 (Zen 4, a decode step's 49 matmuls): the cap was a line a
+// step, which left ~60% of the next block to the first tile at 12-24 rows (streaming it at its
+// compute's pace while memory idled); at four, 12 rows 8.5 -> 7.4 ms, 16 rows 9.9 -> 8.7, 24
+// rows 12.2 -> 11.2, the same at 4-8 and 32-48.
 //
 // `spans` (a later kernel's memory: see cpu_dot_tile.h's SpanStream): each tile asks for its
 // share of the thread's `lines_left` lines over its `tiles_left` tiles, at most a line a step
@@ -95,7 +98,7 @@ void block_rows(const uint16_t* x, int64_t x_stride, int64_t first, int64_t last
     const int64_t tiles = (last - first + loragate::kDotRows - 1) / loragate::kDotRows;
     const int64_t block_lines = k * kDotCols * 2 / 64;  // bf16: k * 64 values
     const int64_t share =
-        tiles > 1 ? std::min(k / 2, (block_lines + tiles - 2) / (tiles - 1)) : 0;
+        tiles > 1 ? std::min(2 * k, (block_lines + tiles - 2) / (tiles - 1)) : 0;
     int64_t asked = 0;  // lines of `next` asked for so far
     for (int64_t r = first, t = 0; r < last; r += loragate::kDotRows, t++) {
         const int rows = static_cast<int>(std::min<int64_t>(loragate::kDotRows, last - r));
