@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from engine.paged_decode import DecodeMetadata, paged_decode
 from kernels.cpu_attention import native_paged_decode, paged_decode_op
 from kernels.cpu_layer import NativeLayer
-from kernels.cpu_prefill import NativePrefill
+from kernels.cpu_prefill import NativePrefill, PrefillChunks
 
 # How decode rows attend: the hand-written CPU kernel that reads the paged cache where it lies
 # (kernels/cpu_attention.cpp), or, after gathering each row's blocks, two grouped matmuls or
@@ -67,6 +67,7 @@ class AttentionMetadata:
     prefill_kernel: NativePrefill | None = None
     # Built on first use and shared by every layer of the step.
     decode_groups: list[DecodeGroup] | None = None
+    prefill_chunks: PrefillChunks | None = None  # meta.prefills for prefill_kernel
     decode_context_lens: torch.Tensor | None = None  # decode_lengths as a tensor (native)
 
 
@@ -141,25 +142,35 @@ def attend_paged(
                 q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.block_size, scale
             )
         return paged_decode(q, k_cache, v_cache, meta, scale)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous
     if meta.num_decodes:
         out[: meta.num_decodes] = decode_attention(
             q[: meta.num_decodes], k_cache, v_cache, meta, scale
         )
+    if meta.prefill_kernel is not None and meta.prefills:
+        if meta.prefill_chunks is None:
+            meta.prefill_chunks = PrefillChunks.build(
+                [(s.query_start, s.query_len, s.num_computed, _context_slots(s, meta))
+                 for s in meta.prefills]
+            )  # fmt: skip
+        meta.prefill_kernel.many(q, k_cache, v_cache, meta.prefill_chunks, scale, out)
+        return out
     for seg in meta.prefills:
         rows = slice(seg.query_start, seg.query_start + seg.query_len)
-        if meta.prefill_kernel is not None:
-            slots = meta.slot_mapping[rows] if seg.context_slots is None else seg.context_slots
-            out[rows] = meta.prefill_kernel(
-                q[rows], k_cache, v_cache, slots, seg.num_computed, scale
-            )
-        elif meta.prefill_softmax is not None:
+        if meta.prefill_softmax is not None:
             out[rows] = prefill_matmul(
                 q[rows], k[rows], v[rows], k_cache, v_cache, seg, scale, meta.prefill_softmax
             )
         else:
             out[rows] = prefill_sdpa(q[rows], k[rows], v[rows], k_cache, v_cache, seg, scale)
     return out
+
+
+def _context_slots(seg: PrefillSegment, meta: AttentionMetadata) -> torch.Tensor:
+    """The slots of every key a chunk's queries see: its own, after any earlier tokens'."""
+    if seg.context_slots is not None:
+        return seg.context_slots
+    return meta.slot_mapping[seg.query_start : seg.query_start + seg.query_len]
 
 
 def decode_attention(

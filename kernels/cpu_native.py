@@ -52,6 +52,8 @@ HEADERS = tuple(
         "cpu_matmul_amx.h",
         "cpu_matmul_rows.h",
         "cpu_prefill_amx.h",
+        "cpu_prefill_fma.h",
+        "cpu_prefill_schedule.h",
         "cpu_softmax_bf16.h",
         "cpu_steal.h",
     )

@@ -35,44 +35,20 @@
 #include "cpu_fma_tile.h"
 #include "cpu_math.h"
 #include "cpu_prefill_amx.h"
+#include "cpu_prefill_fma.h"
+#include "cpu_prefill_schedule.h"
 #include "cpu_softmax_bf16.h"
 
 namespace {
 
+using loragate::Chunk;
+using loragate::each_item;
 using loragate::kDotCols;
 using loragate::kDotRows;
-
-struct Chunk {
-    int64_t query_len, offset, context, num_heads, kv_heads, head_dim;
-    int64_t q_row_stride, q_head_stride, num_slots;
-    float scale;
-};
-
-[[maybe_unused]] int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
-
-// Every path's schedule: each KV head packed (pack(h), split between the threads), then every
-// item, a tile of up to `tile_rows` queries of one head, by attend(head, kv, t0, rows) of this
-// thread's worker (make_worker(): its buffers, and AMX's tile state). The last tiles see the
-// most keys: dealt first, so the threads finish together.
-template <typename Pack, typename MakeWorker>
-void each_item(const Chunk& c, int64_t tile_rows, int threads, const Pack& pack,
-               const MakeWorker& make_worker) {
-    const int64_t group = c.num_heads / c.kv_heads;
-    const int64_t tiles = (c.query_len + tile_rows - 1) / tile_rows;
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-        for (int64_t h = 0; h < c.kv_heads; h++) pack(h);
-        auto attend = make_worker();
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < c.num_heads * tiles; item++) {
-            const int64_t tile = tiles - 1 - item / c.num_heads, head = item % c.num_heads;
-            const int64_t t0 = tile * tile_rows;
-            attend(head, head / group, t0,
-                   static_cast<int>(std::min<int64_t>(tile_rows, c.query_len - t0)));
-        }
-    }
-}
+using loragate::round_up;
+#if LORAGATE_FMA
+using loragate::prefill_fma;
+#endif
 
 #if defined(__AVX512BF16__)
 // keys [context, head_dim] of one KV head -> [context / 64][head_dim / 2][64][2]; values ->
@@ -193,106 +169,23 @@ void prefill_amx(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_c
 }
 #endif
 
-#if LORAGATE_FMA
-// The FMA path. Per KV head: keys as float32 panels of 16 keys ([context / 16][head_dim][16]:
-// the keys are the outputs of the scores' matmul), values as panels of 16 dimensions
-// ([head_dim / 16][context][16]). A tile of up to 6 query rows is packed as the FMA tile takes
-// its rows ([head_dim][6]), its probabilities likewise ([keys][6]).
-using loragate::BFloat16;
-using loragate::kPanelCols;
-using loragate::round_to;
-using loragate::to_float;
-constexpr int kQRows = loragate::kFmaRows;
-
-template <typename T>
-void pack_head_fma(const T* k_head, const T* v_head, const int64_t* slots, const Chunk& c,
-                   float* keys, float* values) {
-    const int64_t hd = c.head_dim, panels = round_up(c.context, kPanelCols) / kPanelCols;
-    for (int64_t b = 0; b < panels; b++)
-        for (int64_t j = 0; j < kPanelCols; j++) {
-            const int64_t t = b * kPanelCols + j;
-            const T* row = t < c.context ? k_head + slots[t] * hd : nullptr;
-            for (int64_t d = 0; d < hd; d++)
-                keys[(b * hd + d) * kPanelCols + j] = row != nullptr ? to_float(row[d]) : 0.f;
-        }
-    for (int64_t t = 0; t < c.context; t++) {
-        const T* row = v_head + slots[t] * hd;
-        for (int64_t d = 0; d < hd; d++)
-            values[((d / kPanelCols) * c.context + t) * kPanelCols + d % kPanelCols] =
-                to_float(row[d]);
+// Every prefill chunk of a step in one call: segment i is rows table[4 i] .. + table[4 i + 1]
+// of q and out (out contiguous [tokens, num_heads, head_dim]), `table[4 i + 2]` tokens of its
+// sequence before it, its keys' slots from slots + table[4 i + 3]. The same computation as a
+// call per chunk; why: from Python each call cost its checks, a slot copy, an output tensor and
+// its copy into the step's, ~0.1 ms against a 128-token chunk's ~0.1 ms of work (session 28).
+template <typename T, typename One>
+void prefill_many(const T* q, int64_t q_row_stride, int64_t q_head_stride, const T* k_cache,
+                  const T* v_cache, int64_t num_slots, const int64_t* table, int64_t segments,
+                  const int64_t* slots, T* out, int64_t num_heads, int64_t kv_heads,
+                  int64_t head_dim, float scale, int threads, One one) {
+    for (int64_t i = 0; i < segments; i++) {
+        const int64_t* seg = table + 4 * i;
+        one(q + seg[0] * q_row_stride, q_row_stride, q_head_stride, k_cache, v_cache, num_slots,
+            slots + seg[3], seg[1], seg[2], out + seg[0] * num_heads * head_dim, num_heads,
+            kv_heads, head_dim, scale, threads);
     }
 }
-
-// Per-thread buffers of a tile: its queries [head_dim][6], scores [6][context rounded up to
-// 16], probabilities [context][6].
-struct FmaScratch {
-    std::vector<float> queries, scores, probs;
-    FmaScratch(const Chunk& c)
-        : queries(c.head_dim * kQRows),
-          scores(kQRows * round_up(c.context, kPanelCols)),
-          probs(c.context * kQRows) {}
-};
-
-template <typename T>
-void attend_tile_fma(const T* q, const float* keys, const float* values, int64_t head,
-                     int64_t t0, int rows, const Chunk& c, FmaScratch& scratch, T* out) {
-    const int64_t hd = c.head_dim, width = round_up(c.context, kPanelCols);
-    const int64_t visible = c.offset + t0 + rows;  // keys the tile's last row sees
-    float* qt = scratch.queries.data();
-    float* scores = scratch.scores.data();
-    float* pt = scratch.probs.data();
-    for (int m = 0; m < kQRows; m++) {
-        const T* row = q + (t0 + m) * c.q_row_stride + head * c.q_head_stride;
-        for (int64_t d = 0; d < hd; d++) qt[d * kQRows + m] = m < rows ? to_float(row[d]) : 0.f;
-    }
-    float sums[kQRows][kPanelCols];
-    for (int64_t b = 0; b * kPanelCols < visible; b++) {  // scores, 16 keys at a time
-        loragate::fma_rows<float>(rows, qt, 0, hd, keys + b * hd * kPanelCols, sums[0],
-                                  kPanelCols, true, nullptr);
-        for (int m = 0; m < rows; m++)
-            for (int64_t j = 0; j < kPanelCols; j++)  // rounded to T, times the scale
-                scores[m * width + b * kPanelCols + j] = round_to<T>(sums[m][j]) * c.scale;
-    }
-    for (int m = 0; m < rows; m++) {  // softmax over what row m sees, zeros after
-        float* s = scores + m * width;
-        const int64_t seen = c.offset + t0 + m + 1;
-        const float inv = loragate::softmax_unnormalised(s, seen);
-        for (int64_t j = 0; j < seen; j++) pt[j * kQRows + m] = round_to<T>(s[j] * inv);
-        for (int64_t j = seen; j < visible; j++) pt[j * kQRows + m] = 0.f;
-    }
-    for (int64_t db = 0; db < hd / kPanelCols; db++) {  // values, 16 dimensions at a time
-        loragate::fma_rows<float>(rows, pt, 0, visible, values + db * c.context * kPanelCols,
-                                  sums[0], kPanelCols, true, nullptr);
-        for (int m = 0; m < rows; m++) {
-            T* o = out + ((t0 + m) * c.num_heads + head) * hd + db * kPanelCols;
-            for (int64_t j = 0; j < kPanelCols; j++) o[j] = loragate::from_float<T>(sums[m][j]);
-        }
-    }
-}
-
-template <typename T>
-void prefill_fma(const T* q, const T* k_cache, const T* v_cache, const int64_t* slots,
-                 const Chunk& c, T* out, int threads) {
-    const int64_t key_values = round_up(c.context, kPanelCols) * c.head_dim;
-    const int64_t value_values = c.context * c.head_dim;
-    std::vector<float> keys(c.kv_heads * key_values), values(c.kv_heads * value_values);
-    const int64_t head_values = c.num_slots * c.head_dim;
-    each_item(
-        c, kQRows, threads,
-        [&](int64_t h) {
-            pack_head_fma(k_cache + h * head_values, v_cache + h * head_values, slots, c,
-                          keys.data() + h * key_values, values.data() + h * value_values);
-        },
-        [&] {
-            return [&, scratch = FmaScratch(c)](int64_t head, int64_t kv, int64_t t0,
-                                                int rows) mutable {
-                attend_tile_fma(q, keys.data() + kv * key_values,
-                                values.data() + kv * value_values, head, t0, rows, c, scratch,
-                                out);
-            };
-        });
-}
-#endif
 
 }  // namespace
 
@@ -366,6 +259,17 @@ void prefill_attention_bf16(const uint16_t* q, int64_t q_row_stride, int64_t q_h
 #endif
 }
 
+// Every prefill chunk of a step in one call (prefill_many).
+void prefill_attention_many_bf16(const uint16_t* q, int64_t q_row_stride, int64_t q_head_stride,
+                                 const uint16_t* k_cache, const uint16_t* v_cache,
+                                 int64_t num_slots, const int64_t* table, int64_t segments,
+                                 const int64_t* slots, uint16_t* out, int64_t num_heads,
+                                 int64_t kv_heads, int64_t head_dim, float scale, int threads) {
+    prefill_many(q, q_row_stride, q_head_stride, k_cache, v_cache, num_slots, table, segments,
+                 slots, out, num_heads, kv_heads, head_dim, scale, threads,
+                 prefill_attention_bf16);
+}
+
 // The float32 form (AVX2 + FMA), head_dim a multiple of 16.
 void prefill_attention_f32(const float* q, int64_t q_row_stride, int64_t q_head_stride,
                            const float* k_cache, const float* v_cache, int64_t num_slots,
@@ -379,6 +283,16 @@ void prefill_attention_f32(const float* q, int64_t q_row_stride, int64_t q_head_
 #else
     (void)q, (void)c, (void)k_cache, (void)v_cache, (void)slots, (void)out, (void)threads;
 #endif
+}
+
+void prefill_attention_many_f32(const float* q, int64_t q_row_stride, int64_t q_head_stride,
+                                const float* k_cache, const float* v_cache, int64_t num_slots,
+                                const int64_t* table, int64_t segments, const int64_t* slots,
+                                float* out, int64_t num_heads, int64_t kv_heads, int64_t head_dim,
+                                float scale, int threads) {
+    prefill_many(q, q_row_stride, q_head_stride, k_cache, v_cache, num_slots, table, segments,
+                 slots, out, num_heads, kv_heads, head_dim, scale, threads,
+                 prefill_attention_f32);
 }
 
 }  // extern "C"
