@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import FinishReason, RequestOutput
 from engine.request import EngineRequest, RequestId
@@ -58,6 +59,24 @@ def request(
         cache_salt=salt,
         fairness_key=tenant,
     )
+
+
+def pinned_engine(model_dir: Path, dtype: torch.dtype, **settings: object) -> LLMEngine:
+    """A small engine (8 sequences, 128 blocks of 16 slots, 512-token steps) whose prefill form
+    is pinned, not timed at start-up: two engines timed on a loaded machine may pick two forms,
+    whose first tokens then differ before the steps a test compares. `settings` add to these or
+    override them."""
+    config: dict[str, object] = {
+        "model": str(model_dir),
+        "dtype": {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype],
+        "block_size": 16,
+        "num_kv_blocks": 128,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 512,
+        "prefill_attention": "sdpa",
+        **settings,
+    }
+    return LLMEngine(EngineConfig(**config))  # type: ignore[arg-type]
 
 
 def run_to_completion(

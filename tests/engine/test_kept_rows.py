@@ -11,19 +11,18 @@ import pytest
 import torch
 
 from engine import model_runner, native_matmul
-from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.models.llama import KeptRows
 from kernels.cpu_matmul import native_matmul as kernel_of
 from tests.engine.engine_helpers import (
     capture_step_logits,
+    pinned_engine,
     random_prompts,
     request,
     run_to_completion,
 )
 from tests.lora.peft_builders import AdapterSpec, make_peft_adapter
 
-DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 # The matmul kernel sums each row alone, in one order whatever the rows beside it: there the
 # kept rows' logits are the same bits. oneDNN may block a matmul of 3 rows and one of 300
 # differently, so through PyTorch's matmul they are equal to a rounding.
@@ -44,21 +43,9 @@ def _always_packed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _engine(model_dir: Path, matmul: str, dtype: torch.dtype, **overrides: object) -> LLMEngine:
-    settings: dict[str, object] = {
-        "model": str(model_dir),
-        "dtype": DTYPE_NAMES[dtype],
-        "block_size": 16,
-        "num_kv_blocks": 128,
-        "max_num_seqs": 8,
-        # chunks of long prompts beside decodes: steps whose rows are mostly not sampled
-        "max_num_batched_tokens": 48,
-        "native_matmul": matmul,
-        # pinned, not timed at start-up (two engines might pick two forms)
-        "decode_attention": "sdpa",
-        "prefill_attention": "sdpa",
-        **overrides,
-    }
-    return LLMEngine(EngineConfig(**settings))  # type: ignore[arg-type]
+    # chunks of long prompts beside decodes: steps whose rows are mostly not sampled
+    settings = {"max_num_batched_tokens": 48, "decode_attention": "sdpa", **overrides}
+    return pinned_engine(model_dir, dtype, native_matmul=matmul, **settings)
 
 
 def _count_pruned_steps(engine: LLMEngine) -> list[int]:

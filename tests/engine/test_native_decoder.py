@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from engine import native_matmul
-from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.native_decoder import NativeDecodeStep
 from kernels.cpu_matmul import native_matmul as kernel_of
@@ -19,6 +18,7 @@ from kernels.cpu_native import native_rows
 from tests.conftest import ModelFactory
 from tests.engine.engine_helpers import (
     capture_step_logits,
+    pinned_engine,
     random_prompts,
     request,
     run_to_completion,
@@ -31,7 +31,6 @@ pytestmark = pytest.mark.skipif(
 )
 # the dtypes the matmul kernel multiplies in on this CPU
 DTYPES = [d for d in (torch.bfloat16, torch.float32) if kernel_of().takes(d)]
-DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
 @pytest.fixture(autouse=True)
@@ -45,22 +44,8 @@ def _always_packed(monkeypatch: pytest.MonkeyPatch) -> None:
 def _engine(
     model_dir: Path, dtype: torch.dtype, native_step: bool, **overrides: object
 ) -> LLMEngine:
-    settings: dict[str, object] = {
-        "model": str(model_dir),
-        "dtype": DTYPE_NAMES[dtype],
-        "block_size": 16,
-        "num_kv_blocks": 128,
-        "max_num_seqs": 8,
-        "max_num_batched_tokens": 512,
-        "native_matmul": "on",
-        "decode_attention": "native",
-        # pinned, not timed at start-up: two engines timed on a loaded machine may pick two
-        # prefill forms, whose first tokens then differ before any decode step
-        "prefill_attention": "sdpa",
-        "native_decode_step": native_step,
-        **overrides,
-    }
-    return LLMEngine(EngineConfig(**settings))  # type: ignore[arg-type]
+    settings = {"native_matmul": "on", "decode_attention": "native", **overrides}
+    return pinned_engine(model_dir, dtype, native_decode_step=native_step, **settings)
 
 
 def _count_native_steps(engine: LLMEngine) -> list[int]:
