@@ -264,9 +264,9 @@ class ModelRunner:
         context.batch = self._lora_batch(ordered, num_decodes)
         if keep is not None:
             # the kept rows are the sampling rows, one token each, in `ordered`'s order
-            sampling = [item for item in ordered if item.is_sampling]
+            sampling = _sampling_seqs(ordered)
             kept_batch = self.lora.batch_for(
-                [adapter_of(item.seq) for item in sampling],
+                [adapter_of(seq) for seq in sampling],
                 [1] * len(sampling),
                 num_decodes=len(sampling),
             )

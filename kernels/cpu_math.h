@@ -12,6 +12,13 @@
 
 namespace loragate {
 
+// One step of the series: p f + c, fused or rounded twice.
+template <bool Fused>
+inline float series_step(float p, float f, float c) {
+    if constexpr (Fused) return __builtin_fmaf(p, f, c);
+    return p * f + c;
+}
+
 // exp(x) for x <= 0 (a softmax after subtracting the maximum) to ~1e-7 relative, written with
 // plain float and integer operations so the loop around it vectorises (libm's expf does not
 // without -ffast-math). 2^(x log2 e) = 2^n 2^f, n integer, |f| <= 1/2, 2^f by its Taylor series
@@ -20,13 +27,6 @@ namespace loragate {
 // half the operations and other bits. Only the SiLU takes it (exp_nonpositive_fma): there the
 // exp was ~half the fused gate/up epilogue, which cost that projection ~5% (session 28, Zen
 // 4); the softmaxes keep exp_nonpositive's bits.
-// One step of the series: p f + c, fused or rounded twice.
-template <bool Fused>
-inline float series_step(float p, float f, float c) {
-    if constexpr (Fused) return __builtin_fmaf(p, f, c);
-    return p * f + c;
-}
-
 template <bool Fused>
 inline float exp_series(float x) {
     const float clamped = x < -87.f ? -87.f : x;

@@ -56,6 +56,8 @@ class PrefillChunks:
     @staticmethod
     def build(chunks: list[tuple[int, int, int, torch.Tensor]]) -> PrefillChunks:
         """chunks: (first row, rows, tokens before, [before + rows] key slots) each."""
+        if not chunks:
+            raise ValueError("no chunks")
         rows, start = [], 0
         for first, length, before, slots in chunks:
             if first < 0 or length < 1 or before < 0:
@@ -66,8 +68,6 @@ class PrefillChunks:
                 raise ValueError(f"a chunk's slots must be [{before + length}]")
             rows.append((first, length, before, start))
             start += before + length
-        if not chunks:
-            raise ValueError("no chunks")
         table = torch.tensor(rows, dtype=torch.int64)
         flat = torch.cat([slots.to(torch.int64) for *_, slots in chunks])
         num_rows = max(first + length for first, length, *_ in chunks)
