@@ -30,8 +30,15 @@ namespace loragate {
 constexpr int64_t kAmxRows = 16;  // rows of x in one tile
 constexpr int64_t kTileCols = 16;  // outputs per column tile
 constexpr int64_t kAmxChunk = 4 * kAmxRows;  // rows per work item
-constexpr int64_t kAmxKChunk = 64;  // inputs a row tile takes at a time in steps of up to...
-constexpr int64_t kChunkedRows = 256;  // ...this many rows (amx_block)
+// Inputs a row tile takes at a time (amx_block): 64 in steps of up to kShortRows rows (the
+// chunk's slice of each column tile stays in L1 while the weights stream from memory), 256 in
+// longer steps (a 32 KB slice of the block in L1 for all of an item's row tiles; whole k read
+// it from L2 for each). Session 29 (AMX Xeon, the small model's 48 layer matmuls and LM head):
+// 256 against whole k 0.92x the time at 525 rows, 0.87-0.93x at 1024, 0.93x at 2048, 0.93x at
+// 200; 64 against 256 about the same at 39-128 rows, where the next chunk is asked for too.
+constexpr int64_t kAmxKChunk = 64;
+constexpr int64_t kAmxLongKChunk = 256;
+constexpr int64_t kShortRows = 128;
 
 // Tiles for row tiles of `m` rows (16, or fewer where the whole step is one short tile); per
 // thread, until _tile_release.
@@ -42,14 +49,34 @@ inline void configure_tiles(int m) {
     load_tiles(config);
 }
 
+// In a short step the first row tile of a chunk waits on the weights from memory and the later
+// ones work from L1, with nothing asked for meanwhile: they ask for the next 64-input slice of
+// the block's four column tiles (the next block's first where this was the last), each its
+// share of the lines, to L1. Session 29 (AMX Xeon, the 48 layer matmuls and LM head): 0.93x
+// the time at 39 and 64 rows; two or three chunks ahead, or to L2, slower.
+inline void ask_next_chunk(const uint16_t* w, int64_t k, int64_t k1, int t, int tiles) {
+    constexpr int64_t kPairRow = 2 * kTileCols;
+    const int64_t tile_values = (k / 2) * kPairRow;
+    const uint16_t* base = k1 < k ? w + (k1 / 2) * kPairRow : w + 4 * tile_values;
+    const int64_t next = k1 < k ? k1 : 0;
+    const int64_t lines = (std::min(k, next + kAmxKChunk) - next) * kPairRow / 64;  // a tile's
+    const int64_t share = (lines + tiles - 2) / (tiles - 1);
+    const int64_t first = (t - 1) * share, end = std::min(lines, t * share);
+    for (int c = 0; c < 4; c++) {
+        const char* p = reinterpret_cast<const char*>(base + c * tile_values);
+        for (int64_t l = first; l < end; l++) _mm_prefetch(p + l * 64, _MM_HINT_T0);
+    }
+}
+
 // `tiles` row tiles of x (rows x_stride apart) by one block, a row tile at a time against the
 // block's four column tiles; writes `rows` rows of y. `tail`, where not null: the last row
-// tile's rows, k apart, beside zero rows up to the tile's 16 (x's own rows end before). `k_chunk` inputs at a time (a multiple of 32, or k): every row tile takes the chunk
-// before the next chunk begins, its sums put back in between, so the chunk's slice of the
-// block (8 KB at 64 inputs) and of x stay in L1 for the later row tiles instead of coming
-// from L2. Session 17 (AMX Xeon, the small model's 48 layer matmuls): chunks of 64 inputs
-// 0.89x the time at 64 rows, 0.90x at 256, the same at 512 and 1.22x at 2048 (there the
-// sums' round trips cost more than they save); 32 inputs 1.14x at 64 rows.
+// tile's rows, k apart, beside zero rows up to the tile's 16 (x's own rows end before).
+// `k_chunk` inputs at a time (a multiple of 32, or k): every row tile takes the chunk before
+// the next chunk begins, its sums put back in between (float32, so the same sums bit for
+// bit), so the chunk's slice of the block (8 KB at 64 inputs, 32 KB at 256) stays in L1 for
+// the later row tiles instead of coming from L2 or memory. Session 17 (AMX Xeon, the small
+// model's 48 layer matmuls): chunks of 64 inputs 0.89x the time at 64 rows, 0.90x at 256,
+// the same at 512 and 1.22x at 2048; 32 inputs 1.14x at 64 rows. Session 29: kAmxLongKChunk.
 template <bool Silu>
 void amx_block(const uint16_t* x, int64_t x_stride, const uint16_t* tail, int rows, int tiles,
                int64_t k, int64_t k_chunk, const uint16_t* w, const BFloat16* bias, BFloat16* y,
@@ -78,6 +105,7 @@ void amx_block(const uint16_t* x, int64_t x_stride, const uint16_t* tail, int ro
             const bool padded = tail != nullptr && t == tiles - 1;
             const uint16_t* xt = padded ? tail : x + t * kAmxRows * x_stride;
             const int64_t xt_bytes = padded ? k * 2 : x_bytes;
+            if (t > 0 && k_chunk == kAmxKChunk) ask_next_chunk(w, k, k1, t, tiles);
             for (int64_t i = k0; i < k1; i += 32) {
                 const uint16_t* wi = w + (i / 2) * kPairRow;
                 _tile_loadd(4, xt + i, xt_bytes);
@@ -118,8 +146,10 @@ void amx_matmul(const uint16_t* x, int64_t rows, int64_t x_stride, int64_t k,
             std::memcpy(tail.data() + (r - whole) * k, x + r * x_stride, k * 2);
     }
     const int64_t amx_chunks = (rows + kAmxChunk - 1) / kAmxChunk;
-    // inputs in chunks where a step has up to 256 rows and more than one row tile
-    const int64_t k_chunk = rows > kAmxRows && rows <= kChunkedRows ? kAmxKChunk : k;
+    // inputs in chunks where a step has more than one row tile
+    const int64_t k_chunk = rows <= kAmxRows      ? k
+                            : rows <= kShortRows ? std::min(k, kAmxKChunk)
+                                                 : std::min(k, kAmxLongKChunk);
 #pragma omp parallel num_threads(threads)
     {
         configure_tiles(static_cast<int>(std::min<int64_t>(rows, kAmxRows)));

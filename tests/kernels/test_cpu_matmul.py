@@ -1,7 +1,7 @@
 """The matmul kernel (kernels/cpu_matmul.cpp) against float64 products of the same values: in
 bf16, float32 sums and one rounding, so within a bf16 step of the exact result; in float32
 within float32 sums' error. At every row count its tiles and work items split (1-5 left over
-after tiles of 6, chunks of 96; on AMX tiles of 16 rows, items of 64, a short step's single
+after tiles of 6, chunks of 96; on AMX tiles of 16 rows, items of 64, inputs in chunks of 64 or 256, a short step's single
 tile; on the FMA path tiles of 6 rows, slabs of 256 inputs). On an AMX
 CPU the weights whose input width is a multiple of 32 take the AMX path and the others (k = 2,
 8) the vdpbf16ps one; a build without AMX checks the latter on the same shapes. The FMA path
@@ -40,7 +40,7 @@ from tests.kernels.matmul_cases import (
 
 @needs_bf16_dot
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 16, 17, 64, 65, 97, 200])
-@pytest.mark.parametrize("n, k", [(64, 2), (1280, 768), (100, 64), (768, 2048), (130, 96)])
+@pytest.mark.parametrize("n, k", [(64, 2), (1280, 768), (100, 64), (768, 2048), (130, 96), (96, 320)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_the_float64_products(rows: int, n: int, k: int, bias: bool) -> None:
     x, w, b, exact = case(rows, n, k, bias)
@@ -210,7 +210,7 @@ def test_without_the_instructions_the_kernel_says_so(tmp_path: Path) -> None:
 
 
 @needs_bf16_dot
-@pytest.mark.parametrize("rows", [1, 6, 13, 100])
+@pytest.mark.parametrize("rows", [1, 6, 13, 100, 200])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_fused_silu_equals_the_matmul_then_silu_mul(rows: int, bias: bool) -> None:
     """The gate/up projection and SiLU in one pass: bit for bit the separate matmul (gate and up
