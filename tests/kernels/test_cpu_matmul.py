@@ -40,7 +40,9 @@ from tests.kernels.matmul_cases import (
 
 @needs_bf16_dot
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 16, 17, 64, 65, 97, 200])
-@pytest.mark.parametrize("n, k", [(64, 2), (1280, 768), (100, 64), (768, 2048), (130, 96), (96, 320)])
+@pytest.mark.parametrize(
+    "n, k", [(64, 2), (1280, 768), (100, 64), (768, 2048), (130, 96), (96, 320)]
+)
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_the_float64_products(rows: int, n: int, k: int, bias: bool) -> None:
     x, w, b, exact = case(rows, n, k, bias)
