@@ -19,13 +19,14 @@ namespace loragate {
 // [k / 2][16][2] (the pairs of the input dimension in turn, each pair's 16 x 2 values side by
 // side: tdpbf16ps's B operand, 1 KB for 32 inputs). A tile of x is up to 16 rows by 32 inputs.
 // A work item is a block and up to 64 rows; each tile of 16 rows multiplies all four column
-// tiles (read as four sequential streams, from memory the first time and from L2 after), 32
-// inputs at a time. Tiles: 0-3 the four column tiles' float32 sums, 4 the rows of x, 6-7 the
+// tiles (read as four sequential streams), 32 inputs at a time, in chunks of inputs that every
+// row tile takes in turn (amx_block). Tiles: 0-3 the four column tiles' float32 sums, 4 the rows of x, 6-7 the
 // weights, alternating so a load need not wait for the product reading the one before.
 // Measured against this on the small model's matmuls (2-core AMX Xeon): the vdpbf16ps layout
 // read as B tiles (a 256-byte stride) 1.1x slower at 64 rows; each column tile in turn against
 // four row tiles 1.2x slower (five loads for four products, x's 64 rows from L2 each time);
-// software prefetch of the weights slower still.
+// software prefetch of the next block, or of chunks further ahead than the next, slower
+// still (ask_next_chunk asks for the next chunk only).
 
 constexpr int64_t kAmxRows = 16;  // rows of x in one tile
 constexpr int64_t kTileCols = 16;  // outputs per column tile
@@ -105,6 +106,7 @@ void amx_block(const uint16_t* x, int64_t x_stride, const uint16_t* tail, int ro
             const bool padded = tail != nullptr && t == tiles - 1;
             const uint16_t* xt = padded ? tail : x + t * kAmxRows * x_stride;
             const int64_t xt_bytes = padded ? k * 2 : x_bytes;
+            // chunks of kAmxKChunk: a short step's (amx_matmul)
             if (t > 0 && k_chunk == kAmxKChunk) ask_next_chunk(w, k, k1, t, tiles);
             for (int64_t i = k0; i < k1; i += 32) {
                 const uint16_t* wi = w + (i / 2) * kPairRow;
