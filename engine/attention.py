@@ -149,10 +149,7 @@ def attend_paged(
         )
     if meta.prefill_kernel is not None and meta.prefills:
         if meta.prefill_chunks is None:
-            meta.prefill_chunks = PrefillChunks.build(
-                [(s.query_start, s.query_len, s.num_computed, _context_slots(s, meta))
-                 for s in meta.prefills]
-            )  # fmt: skip
+            meta.prefill_chunks = prefill_chunks(meta.prefills, meta.slot_mapping)
         meta.prefill_kernel.many(q, k_cache, v_cache, meta.prefill_chunks, scale, out)
         return out
     for seg in meta.prefills:
@@ -166,11 +163,19 @@ def attend_paged(
     return out
 
 
-def _context_slots(seg: PrefillSegment, meta: AttentionMetadata) -> torch.Tensor:
-    """The slots of every key a chunk's queries see: its own, after any earlier tokens'."""
+def prefill_chunks(segments: list[PrefillSegment], slot_mapping: torch.Tensor) -> PrefillChunks:
+    """The chunks as the prefill kernel takes them, each with the slots of every key its queries
+    see: its own (from the step's `slot_mapping`), after any earlier tokens'."""
+    return PrefillChunks.build(
+        [(s.query_start, s.query_len, s.num_computed, _context_slots(s, slot_mapping))
+         for s in segments]
+    )  # fmt: skip
+
+
+def _context_slots(seg: PrefillSegment, slot_mapping: torch.Tensor) -> torch.Tensor:
     if seg.context_slots is not None:
         return seg.context_slots
-    return meta.slot_mapping[seg.query_start : seg.query_start + seg.query_len]
+    return slot_mapping[seg.query_start : seg.query_start + seg.query_len]
 
 
 def decode_attention(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from engine.attention import AttentionMetadata, DecodeBackend, PrefillSegment
+from engine.attention import AttentionMetadata, DecodeBackend, PrefillSegment, prefill_chunks
 from engine.compile_decode import CompiledDecode
 from engine.decode_backend import choose_decode_backend
 from engine.models.hf_config import ModelConfig
@@ -23,6 +23,7 @@ from engine.prefill_backend import choose_prefill_kernel, choose_prefill_softmax
 from engine.scheduler import adapter_of
 from engine.sequence import Sequence
 from kernels import huge_pages
+from kernels.cpu_decoder import PrefillStep
 from kernels.cpu_layer import native_layer
 from kernels.cpu_native import built_or_none
 from lora.batch import LoRABatch
@@ -131,6 +132,7 @@ class ModelRunner:
                 native_layer=native,
                 decode_backend=self.decode_backend,
                 lora=None if lora is None else lora.layers.context,
+                prefill_kernel=self.prefill_kernel,
             )
             log.info("native decode step: %s", why)
 
@@ -154,7 +156,13 @@ class ModelRunner:
         if hidden is not None:
             return self._logits(ordered, hidden)
         kept = _kept_rows(ordered)
-        hidden = self._forward_eager(decodes, prefills, has_lora, input_ids, positions, slots, kept)
+        hidden = self._prefill_native(
+            decodes, prefills, has_lora, input_ids, positions, slots, kept
+        )
+        if hidden is None:
+            hidden = self._forward_eager(
+                decodes, prefills, has_lora, input_ids, positions, slots, kept
+            )
         if kept is not None:  # hidden holds the sampling rows alone, in order
             return ForwardOutput(_sampling_seqs(ordered), self.model.compute_logits(hidden), [])
         return self._logits(ordered, hidden)
@@ -203,26 +211,71 @@ class ModelRunner:
             block_size=self.block_size,
             decode_tables=self._decode_tables(decodes) if decodes else None,
             decode_lengths=[item.seq.num_computed_tokens + 1 for item in decodes],
-            prefills=[],
+            prefills=self._prefill_segments(len(decodes), prefills),
             decode_backend=self.decode_backend,
             prefill_softmax=self.prefill_softmax,
             prefill_kernel=self.prefill_kernel,
         )
-        start = len(decodes)
+        keep = None if kept is None else KeptRows(self._rows_tensor(kept))
+        if has_lora:
+            return self._forward_lora(ordered, len(decodes), input_ids, positions, meta, keep)
+        return self.model(input_ids, positions, self.kv_caches, meta, keep)
+
+    def _prefill_native(
+        self,
+        decodes: list[ScheduledSeq],
+        prefills: list[ScheduledSeq],
+        has_lora: bool,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        kept: list[int] | None,
+    ) -> torch.Tensor | None:  # as _forward_eager; None: the eager path takes the step
+        """A step with prefill chunks by the native call (engine/native_decoder.py), where it
+        takes it: no adapter rows, and the eager step's prefill attention is the native kernel
+        the call runs."""
+        step = self.native_step
+        if (
+            step is None
+            or not prefills
+            or has_lora
+            or self.prefill_kernel is None
+            or not step.takes_prefill
+            or not step.takes(input_ids.shape[0])
+        ):
+            return None
+        segments = self._prefill_segments(len(decodes), prefills)
+        tables = (
+            self._decode_tables(decodes)
+            if decodes
+            else torch.zeros(0, 1, dtype=torch.long, device=self.device)
+        )
+        lengths = torch.tensor(
+            [item.seq.num_computed_tokens + 1 for item in decodes],
+            dtype=torch.long,
+            device=self.device,
+        )
+        prefill = PrefillStep(
+            len(decodes),
+            prefill_chunks(segments, slots),
+            None if kept is None else self._rows_tensor(kept),
+        )
+        return step.forward_prefill(input_ids, positions, slots, tables, lengths, prefill)
+
+    def _prefill_segments(self, start: int, prefills: list[ScheduledSeq]) -> list[PrefillSegment]:
+        """Each chunk's rows (from `start` on) and, where the sequence has tokens before it, the
+        slots of every key it sees."""
+        segments = []
         for item in prefills:
             seq = item.seq
             context_slots = None
             if seq.num_computed_tokens:
                 context_slots = self._slots(seq, 0, seq.num_computed_tokens + item.num_new_tokens)
-            meta.prefills.append(
+            segments.append(
                 PrefillSegment(start, item.num_new_tokens, seq.num_computed_tokens, context_slots)
             )
             start += item.num_new_tokens
-
-        keep = None if kept is None else KeptRows(self._rows_tensor(kept))
-        if has_lora:
-            return self._forward_lora(ordered, len(decodes), input_ids, positions, meta, keep)
-        return self.model(input_ids, positions, self.kv_caches, meta, keep)
+        return segments
 
     def _rows_tensor(self, rows: list[int]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.long, device=self.device)

@@ -1,14 +1,16 @@
-"""Decode-only steps in one native call (kernels/cpu_decoder.py), where every part of the eager
-step already runs native.
+"""Decode steps, and steps with prefill chunks, in one native call (kernels/cpu_decoder.py),
+where every part of the eager step already runs native.
 
 The eager model (engine/models/llama.py) stays the reference and runs every other step. A step
 goes native only where the eager step would have run exactly these kernels: the fused layer
 ops on, decode attention "native", every projection in the matmul kernel's layout for the
 step's rows (engine/native_matmul.py decides that at start-up) with the gate/up projection
 fused with its SiLU, no query/key norm (Qwen3's), and, for a step with adapters, their deltas
-computed by the LoRA runs kernel (bf16 on AVX512-BF16: what lora_add_cpu runs eager there).
-Then the values equal the eager step's bit for bit (tests/engine/test_native_decoder.py); what
-changes is ~100 Python-side kernel calls a step become one.
+computed by the LoRA runs kernel (bf16 on AVX512-BF16: what lora_add_cpu runs eager there);
+a step with prefill chunks, where their attention is the prefill kernel's (the runner's
+prefill kernel is set) and no row has an adapter. Then the values equal the eager step's bit for bit (tests/engine/test_native_decoder.py); what
+changes is ~100 Python-side kernel calls a step become one (in a prefill step of the mixed
+workload, ~5 ms of Python a step: bench/RESULTS.md, session 30).
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from kernels.cpu_decoder import (
     LoraStep,
     NativeDecoder,
     PackedWeight,
+    PrefillStep,
     decoder_library,
 )
 from kernels.cpu_layer import NativeLayer
 from kernels.cpu_matmul import NativeMatmul
 from kernels.cpu_native import MAX_FUSED_RANK, NativeBuildError, NativeRows
+from kernels.cpu_prefill import NativePrefill
 from lora.batch import LoRABatch
 from lora.layers import LoRALinear, LoRAStepContext
 
@@ -75,6 +79,23 @@ class NativeDecodeStep:
         step = None if lora is None else self._lora_step(lora, input_ids.shape[0])
         return self.decoder.forward(embeddings, positions, slots, tables, lengths, step)
 
+    @property
+    def takes_prefill(self) -> bool:
+        return self.decoder.takes_prefill
+
+    def forward_prefill(
+        self,
+        input_ids: torch.Tensor,  # [rows]: the decode rows', then the chunks'
+        positions: torch.Tensor,  # [rows] int64
+        slots: torch.Tensor,  # [rows] int64
+        tables: torch.Tensor,  # [decodes, max_blocks] int64 (decodes may be 0)
+        lengths: torch.Tensor,  # [decodes] int64
+        prefill: PrefillStep,
+    ) -> torch.Tensor:  # [rows or kept rows, hidden] after the final norm
+        """A step with prefill chunks (no adapters): the eager model's values, bit for bit."""
+        embeddings = self.embed(input_ids).contiguous()
+        return self.decoder.forward(embeddings, positions, slots, tables, lengths, prefill=prefill)
+
     def _lora_step(self, batch: LoRABatch, rows: int) -> LoraStep:
         """The batch as the decoder takes it; a projection adds deltas where the eager
         LoRALinear would (some row's adapter targets it)."""
@@ -106,10 +127,12 @@ def build_native_decode_step(
     native_layer: NativeLayer | None,
     decode_backend: str,
     lora: LoRAStepContext | None = None,
+    prefill_kernel: NativePrefill | None = None,
 ) -> tuple[NativeDecodeStep | None, str]:
     """The native step for this model as it is now set up, or None and why not. `lora`: the
     adapter wrappers' shared context, where the model has them: adapter steps run here too
-    where the eager step would add their deltas by the runs kernel."""
+    where the eager step would add their deltas by the runs kernel. `prefill_kernel`: the
+    prefill attention the eager step runs (None: steps with prefill chunks stay eager)."""
     reason = _unsupported(model, native_layer, decode_backend)
     if reason is not None:
         return None, reason
@@ -172,6 +195,7 @@ def build_native_decode_step(
         layer_library=native_layer.library,
         attention_library=native_paged_decode().library,
         rows_library=None if runs is None else runs.library,
+        prefill_library=None if prefill_kernel is None else prefill_kernel.library,
     )
     step = NativeDecodeStep(decoder, max_rows, model.embed_tokens, wrappers if runs else None)
     return step, "on" if step.takes_lora or lora is None else f"on, adapter steps eager ({why})"

@@ -68,6 +68,12 @@ using PagedDecode = void (*)(const void* q, int64_t q_row_stride, int64_t q_head
                              int64_t kv_heads, int64_t head_dim, int64_t block_size,
                              float scale, int64_t threads);
 
+using PrefillMany = void (*)(const void* q, int64_t q_row_stride, int64_t q_head_stride,
+                             const void* k_cache, const void* v_cache, int64_t num_slots,
+                             const int64_t* table, int64_t segments, const int64_t* slots,
+                             void* out, int64_t num_heads, int64_t kv_heads, int64_t head_dim,
+                             float scale, int threads);
+
 using SiluMul = void (*)(const void* gate_up, int64_t stride, void* out, int64_t out_stride,
                          int64_t rows, int64_t width, int64_t threads);
 using LoraRuns = void (*)(const void* x, int64_t x_stride, void* out, int64_t out_stride,
@@ -94,6 +100,9 @@ struct Entries {
     // The matmul that also asks for memory as it computes (kernels/cpu_matmul.cpp's
     // matmul_spans_bf16); null: `matmul` alone, nothing asked for
     MatmulSpans matmul_spans;
+    // Every prefill chunk's attention in one call (kernels/cpu_prefill.cpp's
+    // prefill_attention_many); null: no step with prefill chunks runs here
+    PrefillMany prefill_many;
 };
 
 // One projection's adapter slot stacks (lora/layers.py): a [slots, n * rank, in_features],
@@ -162,6 +171,19 @@ struct Step {
     const uint8_t* lora_on;
     void* gate_up_mixed;  // [rows, 2 intermediate]: the interleaved matmul output
     void* gate_up;        // [rows, 2 intermediate]: [gate | up], the delta added
+    // A step with prefill chunks (num_chunks 0: every row decodes): rows [0, decodes) decode
+    // (`tables` and `lengths` are theirs alone), the chunks' rows follow, described as
+    // prefill_attention_many takes them (per chunk: first row, rows, tokens before it, where
+    // its key slots start in chunk_slots).
+    int64_t decodes;
+    const int64_t* chunks;  // [num_chunks, 4]
+    int64_t num_chunks;
+    const int64_t* chunk_slots;
+    // The rows the last layer keeps after its attention (engine/models/llama.py's KeptRows:
+    // the sampling rows, increasing); its projections, MLP and the final norm run on them
+    // alone and `out` holds them first. Null: every row.
+    const int64_t* kept;
+    int64_t num_kept;
 };
 
 namespace {
@@ -231,16 +253,23 @@ void lora_spans(const Model& m, const Step& s, const Layer& layer, int64_t l, in
 // y = x W^T (+ b) for projection `p` of layer `l`, asking for the stacks its LoRA runs read
 // right after (lora_spans) while it computes, where the step has some and the entry is there.
 void project(const Model& m, const Step& s, const Layer& layer, int64_t l, int p,
-             const Linear& w, const void* x, int64_t x_stride, void* y, int64_t y_stride,
-             int64_t threads, std::vector<Span>& spans) {
+             const Linear& w, int64_t rows, const void* x, int64_t x_stride, void* y,
+             int64_t y_stride, int64_t threads, std::vector<Span>& spans) {
     const Entries& e = m.entries;
     lora_spans(m, s, layer, l, p, spans);
     if (e.matmul_spans != nullptr && !spans.empty()) {
-        e.matmul_spans(x, s.rows, x_stride, w.k, w.packed, w.bias, w.n, y, y_stride,
+        e.matmul_spans(x, rows, x_stride, w.k, w.packed, w.bias, w.n, y, y_stride,
                        int(threads), spans.data(), static_cast<int64_t>(spans.size()));
         return;
     }
-    e.matmul(x, s.rows, x_stride, w.k, w.packed, w.bias, w.n, y, y_stride, int(threads));
+    e.matmul(x, rows, x_stride, w.k, w.packed, w.bias, w.n, y, y_stride, int(threads));
+}
+
+// Rows kept[0..n) of x [rows, width] moved to rows 0..n, in place (kept increasing, so a row
+// is read before anything is written over it).
+void keep_rows(char* x, int64_t width_bytes, const int64_t* kept, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (kept[i] != i) std::memcpy(x + i * width_bytes, x + kept[i] * width_bytes, width_bytes);
 }
 
 }  // namespace
@@ -249,7 +278,9 @@ void project(const Model& m, const Step& s, const Layer& layer, int64_t l, int p
 // was out of range, having stopped at that layer (the caller raises).
 int64_t decoder_forward(const Model* m, const Step* s, int64_t threads) {
     const Entries& e = m->entries;
-    const int64_t rows = s->rows, hidden = m->hidden, hd = m->head_dim;
+    const int64_t hidden = m->hidden, hd = m->head_dim;
+    int64_t rows = s->rows;  // the kept rows' count once the last layer has attended
+    const int64_t decodes = s->num_chunks > 0 ? s->decodes : rows;
     const int64_t q_size = m->num_heads * hd, kv_size = m->kv_heads * hd;
     const int64_t qkv_width = q_size + 2 * kv_size;
     char* qkv = static_cast<char*>(s->qkv);
@@ -260,7 +291,7 @@ int64_t decoder_forward(const Model* m, const Step* s, int64_t threads) {
         // layer 0 normalises the embeddings themselves (eager adds a zero hidden: exact)
         e.add_rms_norm(l == 0 ? s->residual : s->hidden, hidden, s->residual, hidden, l > 0,
                        layer.input_norm, s->normed, hidden, rows, hidden, m->eps, threads);
-        project(*m, *s, layer, l, 0, layer.qkv, s->normed, hidden, qkv, qkv_width, threads,
+        project(*m, *s, layer, l, 0, layer.qkv, rows, s->normed, hidden, qkv, qkv_width, threads,
                 spans);
         add_lora(*m, *s, layer, l, 0, s->normed, hidden, qkv, qkv_width, threads);
         void* k = qkv + q_size * m->element_size;
@@ -269,10 +300,23 @@ int64_t decoder_forward(const Model* m, const Step* s, int64_t threads) {
                          s->positions, m->num_positions, rows, m->num_heads, m->kv_heads, hd,
                          layer.k_cache, layer.v_cache, m->num_slots, s->slots, threads);
         if (bad) return bad;  // a row's K/V is missing: attention would read stale values
-        e.paged_decode(qkv, qkv_width, hd, layer.k_cache, layer.v_cache, m->num_slots, s->tables,
-                       s->table_stride, s->lengths, s->attn, rows, m->num_heads, m->kv_heads, hd,
-                       m->block_size, m->scale, threads);
-        project(*m, *s, layer, l, 1, layer.o, s->attn, q_size, s->hidden, hidden, threads,
+        if (decodes > 0)
+            e.paged_decode(qkv, qkv_width, hd, layer.k_cache, layer.v_cache, m->num_slots,
+                           s->tables, s->table_stride, s->lengths, s->attn, decodes, m->num_heads,
+                           m->kv_heads, hd, m->block_size, m->scale, threads);
+        if (s->num_chunks > 0)
+            e.prefill_many(qkv, qkv_width, hd, layer.k_cache, layer.v_cache, m->num_slots,
+                           s->chunks, s->num_chunks, s->chunk_slots, s->attn, m->num_heads,
+                           m->kv_heads, hd, m->scale, int(threads));
+        if (l + 1 == m->num_layers && s->kept != nullptr) {  // no later layer reads the others
+            keep_rows(static_cast<char*>(s->attn), q_size * m->element_size, s->kept,
+                      s->num_kept);
+            keep_rows(static_cast<char*>(s->residual), hidden * m->element_size, s->kept,
+                      s->num_kept);
+            rows = s->num_kept;
+            if (rows == 0) return bad;  // every chunk ends inside its prompt: nothing sampled
+        }
+        project(*m, *s, layer, l, 1, layer.o, rows, s->attn, q_size, s->hidden, hidden, threads,
                 spans);
         add_lora(*m, *s, layer, l, 1, s->attn, q_size, s->hidden, hidden, threads);
         e.add_rms_norm(s->hidden, hidden, s->residual, hidden, 1, layer.post_norm, s->normed,
@@ -281,7 +325,7 @@ int64_t decoder_forward(const Model* m, const Step* s, int64_t threads) {
         if (targeted(*s, layer, l, 2)) {
             // a delta comes before the SiLU: the matmul, its outputs in order, the delta, then
             // silu_mul (what the fused pass computes, in two steps)
-            project(*m, *s, layer, l, 2, layer.gate_up, s->normed, hidden, s->gate_up_mixed,
+            project(*m, *s, layer, l, 2, layer.gate_up, rows, s->normed, hidden, s->gate_up_mixed,
                     2 * inter, threads, spans);
             deinterleave(static_cast<const char*>(s->gate_up_mixed),
                          static_cast<char*>(s->gate_up), rows, inter, m->element_size);
@@ -291,7 +335,7 @@ int64_t decoder_forward(const Model* m, const Step* s, int64_t threads) {
             e.matmul_silu(s->normed, rows, hidden, hidden, layer.gate_up.packed,
                           layer.gate_up.bias, layer.gate_up.n, s->act, inter, int(threads));
         }
-        project(*m, *s, layer, l, 3, layer.down, s->act, inter, s->hidden, hidden, threads,
+        project(*m, *s, layer, l, 3, layer.down, rows, s->act, inter, s->hidden, hidden, threads,
                 spans);
         add_lora(*m, *s, layer, l, 3, s->act, inter, s->hidden, hidden, threads);
     }

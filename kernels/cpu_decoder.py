@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from kernels.cpu_native import build, entry_address
+from kernels.cpu_prefill import PrefillChunks
 
 SOURCE = Path(__file__).with_name("cpu_decoder.cpp")
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -32,7 +33,7 @@ class _Entries(ctypes.Structure):
         (name, _P)
         for name in (
             "matmul", "matmul_silu", "add_rms_norm", "rope_kv", "paged_decode", "silu_mul",
-            "lora_runs", "matmul_spans",
+            "lora_runs", "matmul_spans", "prefill_many",
         )
     ]  # fmt: skip
 
@@ -110,6 +111,12 @@ class _Step(ctypes.Structure):
         ("lora_on", _P),
         ("gate_up_mixed", _P),
         ("gate_up", _P),
+        ("decodes", _I),
+        ("chunks", _P),
+        ("num_chunks", _I),
+        ("chunk_slots", _P),
+        ("kept", _P),
+        ("num_kept", _I),
     ]
 
 
@@ -177,6 +184,36 @@ class DecoderModel:
     scale: float
 
 
+@dataclass(frozen=True)
+class PrefillStep:
+    """A step's prefill chunks, after its `decodes` decode rows: their attention by the prefill
+    kernel (kernels/cpu_prefill.py's `many`, the chunks as it takes them); `kept`: the rows the
+    last layer keeps after attending (engine/models/llama.py's KeptRows), None for every row."""
+
+    decodes: int
+    chunks: PrefillChunks
+    kept: torch.Tensor | None = None  # [num_kept] int64, increasing
+
+    def check(self, rows: int, num_slots: int) -> None:
+        table = self.chunks.table
+        if not 0 <= self.decodes <= rows or self.chunks.num_rows > rows:
+            raise ValueError(f"{self.decodes} decodes and chunks over {self.chunks.num_rows} "
+                             f"rows do not fit a step of {rows}")  # fmt: skip
+        if table.dtype is not torch.int64 or not table.is_contiguous():
+            raise ValueError("the chunks' table must be contiguous int64")
+        if self.chunks.slot_range[0] < 0 or self.chunks.slot_range[1] >= num_slots:
+            raise ValueError(f"a chunk's key slot is outside the cache's {num_slots}")
+        kept = self.kept
+        if kept is not None and (
+            kept.dtype is not torch.int64
+            or not kept.is_contiguous()
+            or kept.dim() != 1
+            or (kept.numel() and (int(kept[0]) < 0 or int(kept[-1]) >= rows))
+            or (kept.numel() > 1 and not bool((kept[1:] > kept[:-1]).all()))
+        ):
+            raise ValueError(f"kept must be increasing contiguous int64 rows of the {rows}")
+
+
 class NativeDecoder:
     """One model's decoder layers over the native kernels; `forward` runs a decode step."""
 
@@ -189,9 +226,11 @@ class NativeDecoder:
         layer_library: Path,
         attention_library: Path,
         rows_library: Path | None = None,
+        prefill_library: Path | None = None,
     ):
         """`rows_library`: the LoRA runs kernel's (kernels/cpu_native.py), for adapter steps;
-        None: `forward` takes none."""
+        None: `forward` takes none. `prefill_library`: the prefill attention's
+        (kernels/cpu_prefill.py), for steps with prefill chunks; None: `forward` takes none."""
         self.model = model  # keeps every tensor the C side points at alive
         self.dtype = model.final_norm.dtype
         if self.dtype not in _SUFFIX:
@@ -208,8 +247,12 @@ class NativeDecoder:
             # in adapter steps the matmuls ask for the stacks the LoRA runs read next
             # (kernels/cpu_decoder.cpp); bf16 only: the float32 path asks for nothing
             entry_address(matmul_library, "matmul_spans_bf16") if suffix == "bf16" else None,
+            None
+            if prefill_library is None
+            else entry_address(prefill_library, f"prefill_attention_many_{suffix}"),
         )
         self.takes_lora = rows_library is not None
+        self.takes_prefill = prefill_library is not None
         self.prefetches_stacks = bool(entries.matmul_spans)  # adapter steps ask ahead
         self._layers = (_Layer * len(model.layers))(*(self._layer(layer) for layer in model.layers))
         first = model.layers[0]
@@ -274,18 +317,25 @@ class NativeDecoder:
         positions: torch.Tensor,  # [rows] int64
         slots: torch.Tensor,  # [rows] int64: where each row's K/V goes
         tables: torch.Tensor,  # [rows, max_blocks] int64 block tables
-        lengths: torch.Tensor,  # [rows] int64 context lengths, this token included
+        lengths: torch.Tensor,  # [decodes] int64 context lengths, this token included
         lora: LoraStep | None = None,
-    ) -> torch.Tensor:  # [rows, hidden]: after the final norm
+        prefill: PrefillStep | None = None,
+    ) -> torch.Tensor:  # [rows, hidden] after the final norm; [kept rows, hidden] with prefill.kept
+        """A decode step; with `prefill`, a step whose rows after its decode rows are prefill
+        chunks (`tables` and `lengths` then cover the decode rows alone)."""
         rows = embeddings.shape[0]
         if lora is not None and not self.takes_lora:
             raise ValueError("this decoder was built without the LoRA runs kernel")
+        if prefill is not None and (lora is not None or not self.takes_prefill):
+            raise ValueError("prefill chunks run here without adapters, where built for them")
         m = self.model
-        for name, t in (("positions", positions), ("slots", slots), ("lengths", lengths)):
-            if t.dtype is not torch.int64 or not t.is_contiguous() or t.shape != (rows,):
-                raise ValueError(f"{name} must be contiguous int64 [{rows}]")
-        if tables.dtype is not torch.int64 or tables.dim() != 2 or tables.shape[0] != rows:
-            raise ValueError(f"tables must be int64 [{rows}, max_blocks]")
+        decodes = rows if prefill is None else prefill.decodes
+        for name, t, n in (("positions", positions, rows), ("slots", slots, rows),
+                           ("lengths", lengths, decodes)):  # fmt: skip
+            if t.dtype is not torch.int64 or not t.is_contiguous() or t.shape != (n,):
+                raise ValueError(f"{name} must be contiguous int64 [{n}]")
+        if tables.dtype is not torch.int64 or tables.dim() != 2 or tables.shape[0] != decodes:
+            raise ValueError(f"tables must be int64 [{decodes}, max_blocks]")
         if tables.stride(1) != 1:
             tables = tables.contiguous()
         if not embeddings.is_contiguous() or embeddings.dtype is not self.dtype:
@@ -323,11 +373,21 @@ class NativeDecoder:
             step.rank = lora.rank
             step.lora_on = lora.on.data_ptr()
             step.gate_up_mixed, step.gate_up = mixed.data_ptr(), gate_up.data_ptr()
+        if prefill is not None:
+            prefill.check(rows, self.model.layers[0].k_cache.shape[1])
+            step.decodes = decodes
+            step.chunks = prefill.chunks.table.data_ptr()
+            step.num_chunks = prefill.chunks.table.shape[0]
+            step.chunk_slots = prefill.chunks.slots.data_ptr()
+            if prefill.kept is not None:
+                step.kept, step.num_kept = prefill.kept.data_ptr(), prefill.kept.shape[0]
         bad = self._forward(ctypes.byref(self._model), ctypes.byref(step), torch.get_num_threads())
         if bad:
             raise IndexError(
                 f"native decoder: {bad} rows with a position or cache slot out of range"
             )
+        if prefill is not None and prefill.kept is not None:
+            return out[: prefill.kept.shape[0]]
         return out
 
 

@@ -5,7 +5,10 @@ step; it runs only where the eager step would have run exactly those kernels."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +20,7 @@ from kernels.cpu_matmul import native_matmul as kernel_of
 from kernels.cpu_native import native_rows
 from tests.conftest import ModelFactory
 from tests.engine.engine_helpers import (
+    Collected,
     capture_step_logits,
     pinned_engine,
     random_prompts,
@@ -97,8 +101,9 @@ def test_native_steps_equal_the_eager_steps_bit_for_bit(
 
 
 def test_steps_the_native_call_does_not_take_run_eager(tiny_model_dir: Path) -> None:
-    """Prefill steps, and decode steps of more rows than every projection's kernel takes (the
-    limit `native_matmul: auto` may set; here 2), stay on the eager path, with the same tokens."""
+    """Prefill steps whose attention is not the native kernel (`prefill_attention: sdpa`), and
+    decode steps of more rows than every projection's kernel takes (the limit `native_matmul:
+    auto` may set; here 2), stay on the eager path, with the same tokens."""
     engine = _engine(tiny_model_dir, torch.bfloat16, True)
     step = engine.runner.native_step
     assert isinstance(step, NativeDecodeStep)
@@ -111,6 +116,81 @@ def test_steps_the_native_call_does_not_take_run_eager(tiny_model_dir: Path) -> 
     assert count[0] == 2
     for i in range(3):
         assert out.tokens_of(f"r{i}") == reference.tokens_of(f"r{i}")
+
+
+def _count_prefill_steps(engine: LLMEngine) -> list[int]:
+    """[native steps with prefill chunks, of them with decode rows beside the chunks, with a
+    chunk after earlier tokens of its sequence, with the last layer on kept rows]."""
+    count = [0, 0, 0, 0]
+    step = engine.runner.native_step
+    assert step is not None
+    forward = step.forward_prefill
+
+    def counting(*args: Any) -> torch.Tensor:
+        prefill = args[-1]
+        count[0] += 1
+        count[1] += prefill.decodes > 0
+        count[2] += bool((prefill.chunks.table[:, 2] > 0).any())
+        count[3] += prefill.kept is not None
+        return forward(*args)
+
+    step.forward_prefill = counting  # type: ignore[method-assign]
+    return count
+
+
+def _wide_heads(model_dir: Path, tmp_path: Path) -> Path:
+    """The tiny checkpoint read as 4 query heads and 2 KV heads of 64 (the same weights'
+    shapes): the prefill kernel takes head sizes of a multiple of 64 on AVX512-BF16, the tiny
+    model's are 32."""
+    out = tmp_path / "wide-heads"
+    shutil.copytree(model_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    config.update(num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_steps_with_prefill_chunks_equal_the_eager_steps_bit_for_bit(
+    tiny_model_dir: Path, tmp_path: Path, dtype: torch.dtype
+) -> None:
+    """Steps with prefill chunks through the native call (the prefill kernel's attention, decode
+    rows beside the chunks, chunks after earlier chunks of their prompt, the last layer on the
+    sampling rows): every sampled logit and prompt logprob the eager steps give, bit for bit.
+    Requests arrive over the run, so chunks keep meeting decodes."""
+    model_dir = _wide_heads(tiny_model_dir, tmp_path)
+    prompts = random_prompts(seed=5, lengths=[70, 12, 45, 3, 90, 33, 17, 61], vocab=2600)
+    results = {}
+    for native in (True, False):
+        engine = _engine(
+            model_dir, dtype, native, prefill_attention="matmul", max_num_batched_tokens=40
+        )
+        assert engine.runner.prefill_kernel is not None
+        counts = _count_prefill_steps(engine) if native else [0, 0, 0, 0]
+        logits = capture_step_logits(engine)
+        collected = Collected()
+        for i, prompt in enumerate(prompts):
+            # prompt logprobs read every prompt row: that step keeps every row
+            extra = {"prompt_logprobs": 2} if i == 5 else {}
+            engine.add_request(request(f"r{i}", prompt, max_tokens=6 + i, **extra))
+            for _ in range(2):  # the next request arrives two steps later
+                step = engine.scheduler.num_steps
+                for out in engine.step():
+                    collected.add(out, step)
+        results[native] = (run_to_completion(engine, collected), logits, counts)
+    (fast, fast_logits, counts), (eager, eager_logits, _) = results.values()
+    assert counts[0] >= 8 and counts[1] >= 4 and counts[2] >= 2 and counts[3] >= 4, counts
+    for i in range(len(prompts)):
+        rid = f"r{i}"
+        assert fast.tokens_of(rid) == eager.tokens_of(rid)
+        assert len(fast_logits[rid]) == len(eager_logits[rid]) == 6 + i
+        for a, b in zip(fast_logits[rid], eager_logits[rid], strict=True):
+            assert torch.equal(a, b)
+    prompt_logprobs = [
+        [out.prompt_logprobs for out in c.outputs["r5"] if out.prompt_logprobs]
+        for c in (fast, eager)
+    ]
+    assert prompt_logprobs[0] and prompt_logprobs[0] == prompt_logprobs[1]
 
 
 @pytest.mark.parametrize(
