@@ -6,6 +6,7 @@ prefill chunk contiguously (attention per chunk).
 
 from __future__ import annotations
 
+import array
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -400,11 +401,16 @@ class ModelRunner:
         """[num_decodes, max_blocks] long: each row's block table, padded with block 0."""
         max_len = max(item.seq.num_computed_tokens + 1 for item in decodes)
         max_blocks = -(-max_len // self.block_size)
-        rows = []
+        # one flat int64 array, viewed in place: torch.tensor over nested lists converted each
+        # int on its own (~0.16 ms a 64-row step against ~0.1)
+        flat = array.array("q")
         for item in decodes:
             table = item.seq.block_table[:max_blocks]
-            rows.append(table + [0] * (max_blocks - len(table)))
-        return torch.tensor(rows, dtype=torch.long, device=self.device)
+            flat.extend(table)
+            if len(table) < max_blocks:
+                flat.extend([0] * (max_blocks - len(table)))
+        tables = torch.frombuffer(flat, dtype=torch.long).view(len(decodes), max_blocks)
+        return tables.to(self.device)
 
 
 def _kept_rows(ordered: list[ScheduledSeq]) -> list[int] | None:

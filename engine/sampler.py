@@ -55,6 +55,12 @@ def is_greedy(params: SamplingParams) -> bool:
     return params.temperature < SAMPLING_EPS
 
 
+def reads_token_history(params: SamplingParams) -> bool:
+    """Whether a row with these params reads its prompt and output ids (the penalties); where
+    not, a SamplingRow may leave them empty."""
+    return _has_penalty(params)
+
+
 def _has_penalty(params: SamplingParams) -> bool:
     return (
         params.repetition_penalty != 1.0
