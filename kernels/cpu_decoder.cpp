@@ -1,5 +1,6 @@
-// A decode step's decoder layers in one call: kernels/cpu_decoder.py builds it and
-// engine/native_decoder.py hands it the model and the step.
+// A step's decoder layers in one call: kernels/cpu_decoder.py builds it and
+// engine/native_decoder.py hands it the model and the step (decode rows, and prefill chunks
+// after them where the step has some: see Step).
 //
 // Why: a decode step of the small model makes ~100 kernel calls (four matmuls, two norms, RoPE
 // with the cache write and attention per layer), and from Python each costs its dispatch, its

@@ -1,4 +1,5 @@
-"""A decode step's decoder layers in one native call (kernels/cpu_decoder.cpp).
+"""A step's decoder layers in one native call (kernels/cpu_decoder.cpp): decode rows, and
+prefill chunks after them (`PrefillStep`).
 
 `NativeDecoder` runs what the eager model runs over the native kernels (the matmul kernel of
 kernels/cpu_matmul.py, the fused layer kernels of kernels/cpu_layer.py, decode attention of
@@ -215,7 +216,7 @@ class PrefillStep:
 
 
 class NativeDecoder:
-    """One model's decoder layers over the native kernels; `forward` runs a decode step."""
+    """One model's decoder layers over the native kernels; `forward` runs a step."""
 
     def __init__(
         self,
