@@ -8,9 +8,10 @@ step's rows (engine/native_matmul.py decides that at start-up) with the gate/up 
 fused with its SiLU, no query/key norm (Qwen3's), and, for a step with adapters, their deltas
 computed by the LoRA runs kernel (bf16 on AVX512-BF16: what lora_add_cpu runs eager there);
 a step with prefill chunks, where their attention is the prefill kernel's (the runner's
-prefill kernel is set) and no row has an adapter. Then the values equal the eager step's bit for bit (tests/engine/test_native_decoder.py); what
-changes is ~100 Python-side kernel calls a step become one (in a prefill step of the mixed
-workload, ~5 ms of Python a step: bench/RESULTS.md, session 30).
+prefill kernel is set) and no row has an adapter. Then the values equal the eager step's bit
+for bit (tests/engine/test_native_decoder.py); what changes is ~100 Python-side kernel calls a
+step become one (in a prefill step of the mixed workload, ~5 ms of Python a step:
+bench/RESULTS.md, session 30).
 """
 
 from __future__ import annotations
