@@ -23,6 +23,7 @@ import queue
 import threading
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
 from engine.config import EngineConfig
@@ -69,6 +70,8 @@ class AsyncEngine:
         self._admitted: set[RequestId] = set()
         self._idle_waiters: list[Reply] = []
         self._stats = engine.stats()  # replaced (never mutated) by the loop thread
+        # Thread-safe on its own (engine/structured/compiler.py): used from the event loop.
+        self._grammars = engine.grammars
         self._loop_ended = threading.Event()  # set when the loop returns, whatever the reason
         if start_thread:
             threading.Thread(
@@ -129,6 +132,11 @@ class AsyncEngine:
 
     async def add_request(self, request: EngineRequest) -> RequestStream:
         """Admit a request; raises its EngineError (400/404/503) before anything streams."""
+        spec = request.sampling_params.structured_outputs
+        if spec is not None and request.grammar is None:
+            # compiled here, on the compiler's threads: the loop keeps stepping, and the
+            # request holds no batch slot until its grammar is ready (or refused: a 400)
+            request = replace(request, grammar=await self._grammars.compile_async(spec))
         stream = RequestStream(request, self._abandon)
         reply = self._reply()
         with self._lock:
@@ -223,6 +231,7 @@ class AsyncEngine:
             if self._submit(Stop(stop)):
                 await stop.future
         await asyncio.to_thread(self._loop_ended.wait)
+        self._grammars.shutdown()
 
     # ---- stream bookkeeping -------------------------------------------------------------
 

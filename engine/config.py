@@ -80,6 +80,12 @@ class EngineConfig:
     lora_modules: tuple[LoraModule, ...] = ()
     # torch intra-op threads, set once at engine start (None: every core this process may use).
     threads: int | None = None
+    # Structured outputs (engine/structured/compiler.py): compiled grammars kept (an LRU), the
+    # longest a request waits for its compile, and how much lower the compile threads' CPU
+    # priority is than the step's (nice), so a long compile leaves running requests their CPU.
+    grammar_cache_entries: int = 256
+    grammar_compile_timeout_s: float = 10.0
+    grammar_compile_nice: int = 10
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -128,6 +134,16 @@ class EngineConfig:
             raise ValueError(f"max_lora_rank must be in [1, 1024], got {self.max_lora_rank}")
         if self.lora_modules and not self.enable_lora:
             raise ValueError("lora_modules needs enable_lora")
+        if self.grammar_cache_entries < 1:
+            raise ValueError(
+                f"grammar_cache_entries must be >= 1, got {self.grammar_cache_entries}"
+            )
+        if self.grammar_compile_timeout_s <= 0:
+            raise ValueError("grammar_compile_timeout_s must be > 0")
+        if not 0 <= self.grammar_compile_nice <= 19:
+            raise ValueError(
+                f"grammar_compile_nice must be in [0, 19], got {self.grammar_compile_nice}"
+            )
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"

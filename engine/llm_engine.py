@@ -32,7 +32,11 @@ from engine.request_state import RequestState
 from engine.sampler import Sampler, SamplingRow, reads_token_history
 from engine.scheduler import Scheduler, adapter_of
 from engine.sequence import Sequence
+from engine.structured.compiler import CompilerLimits, GrammarCompiler
+from engine.structured.masks import MaskOps
 from engine.threads import apply_threads
+from kernels.cpu_native import built_or_none
+from kernels.cpu_token_mask import token_mask
 from lora.manager import LoRAManager
 from lora.registry import AdapterId
 
@@ -103,7 +107,30 @@ class LLMEngine:
         argmax = None
         if native is not None and native.supports(torch.empty(0, dtype=self.dtype)):
             argmax = native.argmax
-        self.sampler = Sampler(mc.vocab_size, self.device, seed=config.seed, argmax=argmax)
+        self.sampler = Sampler(
+            mc.vocab_size,
+            self.device,
+            seed=config.seed,
+            argmax=argmax,
+            grammar_threads=self.num_threads,
+            mask_ops=MaskOps(
+                built_or_none(token_mask, "token mask kernels unavailable; PyTorch instead")
+                if self.device.type == "cpu"
+                else None
+            ),
+        )
+        # Structured outputs: grammars compiled against the model's tokenizer (loaded on the
+        # first request that asks for one).
+        self.grammars = GrammarCompiler.for_model(
+            config.model,
+            mc.vocab_size,
+            sorted(self.eos_token_ids),
+            CompilerLimits(
+                cache_entries=config.grammar_cache_entries,
+                compile_timeout_s=config.grammar_compile_timeout_s,
+                compile_nice=config.grammar_compile_nice,
+            ),
+        )
         self._requests: dict[RequestId, RequestState] = {}
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
@@ -166,6 +193,9 @@ class LLMEngine:
         self.validate(request)
         adapter_id = self._resolve_adapter(request)
         params = request.sampling_params
+        grammar = request.grammar
+        if grammar is None and params.structured_outputs is not None:
+            grammar = self.grammars.compile(params.structured_outputs)  # raises its 400
         num_prompt = len(request.prompt_token_ids)
         max_tokens = min(params.max_tokens, self.max_model_len - num_prompt)
         arrival = next(self._arrivals)
@@ -180,6 +210,7 @@ class LLMEngine:
                 num_prompt_tokens=num_prompt,
                 max_tokens=max_tokens,
                 adapter_id=adapter_id,
+                grammar=None if grammar is None else grammar.new_matcher(),
             )
             for i in range(params.n)
         ]
@@ -279,7 +310,10 @@ class LLMEngine:
             self._num_generation_tokens += 1
             if token.logprobs is not None:
                 seq.pending_logprobs.append(token.logprobs)
-            self._check_stop(seq, token.token_id)
+            if seq.grammar is not None and not seq.grammar.accept(token.token_id):
+                self._fail_grammar(state, seq)
+            else:
+                self._check_stop(seq, token.token_id)
             touched.add(seq.request.request_id)
         return touched
 
@@ -300,7 +334,19 @@ class LLMEngine:
             prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens] if history else (),
             output_token_ids=seq.output_token_ids if history else (),
             banned_token_ids=banned,
+            grammar=seq.grammar,
         )
+
+    def _fail_grammar(self, state: RequestState, seq: Sequence) -> None:
+        """The grammar refused the sampled token: only when its matcher failed (a step past
+        llguidance's limits); the request ends with an error naming the constraint."""
+        assert seq.grammar is not None
+        why = " ".join((seq.grammar.error or "the grammar refused the sampled token").split())
+        state.error = f"structured outputs: {why[:300]}"
+        for other in state.seqs:
+            if not other.is_finished:
+                self.scheduler.finish(other)
+                other.finish_reason = FinishReason.ERROR
 
     def _check_stop(self, seq: Sequence, token_id: int) -> None:
         params = seq.request.sampling_params
@@ -310,6 +356,8 @@ class LLMEngine:
                 reason = FinishReason.STOP
             elif token_id in params.stop_token_ids:
                 reason, seq.stop_reason = FinishReason.STOP, token_id
+        if reason is None and seq.grammar is not None and seq.grammar.is_stopped:
+            reason = FinishReason.STOP  # the grammar is complete: nothing more may follow
         if reason is None and (
             seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len
         ):

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import NewType
+from typing import TYPE_CHECKING, NewType
 
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.structured.matcher import CompiledGrammar
 
 RequestId = NewType("RequestId", str)
 
@@ -23,6 +26,9 @@ class EngineRequest:
     # Name of a LoRA adapter (None: the base model); resolved by the engine, unknown -> 404.
     adapter_name: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
+    # sampling_params.structured_outputs compiled (AsyncEngine.add_request does it off the
+    # loop); None with a spec: the synchronous engine compiles it on admission.
+    grammar: CompiledGrammar | None = field(default=None, compare=False, repr=False)
 
     @property
     def tenant_key(self) -> str:

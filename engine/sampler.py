@@ -1,9 +1,12 @@
 """Next-token selection for one batch of logits rows, with vLLM v1 sampler semantics.
 
-Order per row: logits in float32 -> logit_bias -> allowed_token_ids -> banned ids ->
-repetition penalty -> frequency and presence penalties; then greedy rows take the argmax and
-the others go through temperature -> min_p -> top_k -> top_p -> an exponential race.
-Logprobs are always those of the raw model logits (vLLM's default `raw_logprobs`).
+Order per row: logits in float32 -> the grammar's mask (structured outputs) -> logit_bias ->
+allowed_token_ids -> banned ids -> repetition penalty -> frequency and presence penalties; then
+greedy rows take the argmax and the others go through temperature -> min_p -> top_k -> top_p ->
+an exponential race. Logprobs are those of the raw model logits (vLLM's default
+`raw_logprobs`), except in a row with a grammar: there they are the logprobs of the constrained
+distribution, the raw logits renormalised over the tokens the grammar allows (every other token
+has probability 0), so a reported top token is always one the grammar could have produced.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import llguidance
 import torch
 
 from engine.logits_processors import (
@@ -23,7 +27,10 @@ from engine.logits_processors import (
 )
 from engine.outputs import PositionLogprobs, TokenLogprob
 from engine.sampling_params import SamplingParams
+from engine.structured.masks import MaskOps, fill_bitmask
+from engine.structured.matcher import GrammarMatcher
 
+_NEG_INF = float("-inf")
 # A temperature below this is greedy, as in vLLM: dividing by it could overflow float32.
 SAMPLING_EPS = 1e-5
 # Prompt logprobs run this many [position, vocab] elements at a time, so a long prompt never
@@ -42,6 +49,8 @@ class SamplingRow:
     output_token_ids: Sequence[int]
     # Ids that must not be sampled this step (EOS/stop ids while under min_tokens).
     banned_token_ids: Sequence[int]
+    # The sequence's grammar (structured outputs): only tokens it allows are sampled.
+    grammar: GrammarMatcher | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,14 @@ class SampledToken:
     token_id: int
     # Set when params.logprobs is not None: the chosen token plus params.logprobs top entries.
     logprobs: PositionLogprobs | None
+
+
+@dataclass(frozen=True)
+class GrammarMasks:
+    """The step's grammar masks: bitmask rows are the batch's rows (engine/structured/masks.py)."""
+
+    bitmask: torch.Tensor  # [num_rows, ceil(vocab / 32)] int32
+    rows: list[int]  # the rows that have a grammar
 
 
 def is_greedy(params: SamplingParams) -> bool:
@@ -70,6 +87,7 @@ def _has_penalty(params: SamplingParams) -> bool:
 
 
 def _needs_edit(row: SamplingRow) -> bool:
+    """Whether a greedy row's choice depends on more than the argmax (and its grammar)."""
     params = row.params
     return (
         bool(params.logit_bias)
@@ -86,6 +104,8 @@ class Sampler:
         device: torch.device,
         seed: int = 0,
         argmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        grammar_threads: int = 1,
+        mask_ops: MaskOps | None = None,
     ):
         """`argmax`: the greedy rows' argmax over raw logits where it beats torch's (the CPU's
         native kernel, kernels/cpu_layer.py, handed over only for CPU engines whose dtype it
@@ -96,6 +116,11 @@ class Sampler:
         # Randomness of every row without its own seed; greedy rows never draw from it.
         self._generator = torch.Generator(device=device)
         self._generator.manual_seed(seed)
+        # Grammar masks of many rows are computed on llguidance's own threads (native code,
+        # outside the GIL); made on first use.
+        self._grammar_threads = grammar_threads
+        self._grammar_executor: llguidance.LLExecutor | None = None
+        self._mask_ops = mask_ops if mask_ops is not None else MaskOps(None)
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[SampledToken]:
         """logits: [num_rows, vocab] of any float dtype; never modified."""
@@ -104,19 +129,23 @@ class Sampler:
         if num_rows == 0:
             return []
         random_rows = [i for i, row in enumerate(rows) if not is_greedy(row.params)]
+        masks = self._grammar_masks(rows)
         if not random_rows and not any(_needs_edit(row) for row in rows):
             # float32 conversion is exact, so the argmax (ties included) is the same; on CPU the
             # float32 argmax is ~2x faster than a bf16 one even counting the conversion, and
             # the native one (no copy, vectorised, rows spread over the threads) faster still:
-            # 64 x 16384 bf16 logits in 0.27 ms against 0.77 (2-core AMX Xeon).
-            if self._argmax is not None:
+            # 64 x 16384 bf16 logits in 0.27 ms against 0.77 (2-core AMX Xeon). Grammar rows
+            # keep this path: the masked argmax reads the same logits, skipping masked words.
+            if masks is not None:
+                token_ids = self._mask_ops.argmax(logits, masks.bitmask)
+            elif self._argmax is not None:
                 token_ids = self._argmax(logits)
             else:
                 token_ids = logits.float().argmax(dim=-1)  # [num_rows]
         else:
-            processed = self._process(logits, rows)  # [num_rows, vocab] float32
+            processed = self._process(logits, rows, masks)  # [num_rows, vocab] float32
             token_ids = self._choose(processed, rows, random_rows)  # [num_rows]
-        logprobs = self._sampled_logprobs(logits, token_ids, rows)
+        logprobs = self._sampled_logprobs(logits, token_ids, rows, masks)
         return [
             SampledToken(token_id=token_id, logprobs=position)
             for token_id, position in zip(token_ids.tolist(), logprobs, strict=True)
@@ -138,9 +167,22 @@ class Sampler:
             out.extend(_position_logprobs(logprobs, targets[start:end], [k] * (end - start)))
         return out
 
-    def _process(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    def _grammar_masks(self, rows: Sequence[SamplingRow]) -> GrammarMasks | None:
+        matchers = [(i, row.grammar) for i, row in enumerate(rows) if row.grammar is not None]
+        if not matchers:
+            return None
+        if self._grammar_executor is None and self._grammar_threads > 1:
+            self._grammar_executor = llguidance.LLExecutor(self._grammar_threads)
+        bitmask = fill_bitmask(matchers, len(rows), self.vocab_size, self._grammar_executor)
+        return GrammarMasks(bitmask, [i for i, _ in matchers])
+
+    def _process(
+        self, logits: torch.Tensor, rows: Sequence[SamplingRow], masks: GrammarMasks | None
+    ) -> torch.Tensor:
         """The edits that also steer greedy rows, applied to a float32 copy of the logits."""
         x = logits.to(torch.float32, copy=True)  # [num_rows, vocab]
+        if masks is not None:
+            self._mask_ops.apply(x, masks.bitmask, masks.rows)
         params = [row.params for row in rows]
         apply_logit_bias(x, [p.logit_bias for p in params])
         apply_allowed_token_ids(x, [p.allowed_token_ids for p in params])
@@ -207,7 +249,11 @@ class Sampler:
         return q.clamp_min_(torch.finfo(torch.float32).tiny)
 
     def _sampled_logprobs(
-        self, logits: torch.Tensor, token_ids: torch.Tensor, rows: Sequence[SamplingRow]
+        self,
+        logits: torch.Tensor,
+        token_ids: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        masks: GrammarMasks | None,
     ) -> list[PositionLogprobs | None]:
         wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
         out: list[PositionLogprobs | None] = [None] * len(rows)
@@ -218,6 +264,12 @@ class Sampler:
         else:
             index = torch.tensor(wanted, dtype=torch.long, device=logits.device)
             raw, chosen = logits[index], token_ids[index]  # [num_wanted, vocab], [num_wanted]
+        if masks is not None:  # the constrained distribution in grammar rows (module docstring)
+            grammar_rows = set(masks.rows)
+            constrained = [j for j, i in enumerate(wanted) if i in grammar_rows]
+            if constrained:
+                raw = raw.to(torch.float32, copy=True)
+                self._mask_ops.apply(raw, masks.bitmask[wanted].contiguous(), constrained)
         logprobs = raw.log_softmax(dim=-1, dtype=torch.float32)  # [num_wanted, vocab]
         ks = [rows[i].params.logprobs or 0 for i in wanted]
         for i, position in zip(wanted, _position_logprobs(logprobs, chosen, ks), strict=True):
@@ -251,9 +303,12 @@ def _position_logprobs(
         top_ids,
         strict=True,
     ):
+        # a token a grammar rules out (logprob -inf) is never among the top: it could not be
+        # sampled, and JSON has no -inf
         top_k = tuple(
             TokenLogprob(token_id=t, logprob=v, rank=r)
             for r, (t, v) in enumerate(zip(ids[:k], values[:k], strict=True), start=1)
+            if v != _NEG_INF
         )
         out.append(
             PositionLogprobs(

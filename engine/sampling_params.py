@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
+from engine.structured.spec import StructuredSpec
 
 # A request may not ask for more top-k logprobs than this (vLLM's default max_logprobs is 20).
 MAX_LOGPROBS = 20
@@ -32,6 +33,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logit_bias: Mapping[int, float] | None = field(default=None, hash=False)
     allowed_token_ids: tuple[int, ...] | None = None
+    # The grammar the output must match (engine/structured/ compiles and enforces it).
+    structured_outputs: StructuredSpec | None = None
 
     @property
     def is_greedy(self) -> bool:

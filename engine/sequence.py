@@ -7,6 +7,7 @@ from enum import Enum
 
 from engine.outputs import FinishReason, PositionLogprobs
 from engine.request import EngineRequest
+from engine.structured.matcher import GrammarMatcher
 
 
 class SequenceStatus(Enum):
@@ -42,6 +43,9 @@ class Sequence:
     num_emitted_tokens: int = 0
     is_finish_reported: bool = False
     pending_logprobs: list[PositionLogprobs] = field(default_factory=list)
+    # Structured outputs: this choice's walk through the request's grammar (its output tokens
+    # consumed, in order; engine/structured/matcher.py).
+    grammar: GrammarMatcher | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -131,6 +131,19 @@ class EngineSettings(BaseModel):
         ge=1,
         description="torch intra-op threads, set at engine start (default: every core available)",
     )
+    grammar_cache_entries: int = Field(
+        default=256, description="compiled structured-output grammars kept (least recently used go)"
+    )
+    grammar_compile_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="the longest a request waits for its grammar to compile (then a 400)",
+    )
+    grammar_compile_nice: int = Field(
+        default=10,
+        description="how much lower (nice, 0-19) the grammar compile threads' CPU priority is "
+        "than the engine step's",
+    )
 
     @model_validator(mode="after")
     def _engine_rules(self) -> EngineSettings:
@@ -172,4 +185,7 @@ class EngineSettings(BaseModel):
                 for m in self.lora_modules
             ),
             threads=self.threads,
+            grammar_cache_entries=self.grammar_cache_entries,
+            grammar_compile_timeout_s=self.grammar_compile_timeout_s,
+            grammar_compile_nice=self.grammar_compile_nice,
         )

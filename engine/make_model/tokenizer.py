@@ -15,10 +15,66 @@ IM_END = "<|im_end|>"
 # The trainer gives special tokens the first ids in this order: endoftext 0, im_start 1, im_end 2.
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 
-# ChatML. A message's content is a string; the generation prompt opens the assistant turn.
+# ChatML, with tools as Qwen2.5 (Hermes) writes them. Without tools, tool calls or tool messages
+# it renders exactly what plain ChatML did: one turn per message, its content a string.
+# With `tools`, the system turn (the first system message's content, then a blank line) lists
+# each tool as given (`tojson`, so OpenAI's {"type": "function", ...} and a bare function both
+# work) and shows the call format; a call's `arguments` string is written as is, a mapping as
+# JSON. Consecutive tool messages share one user turn, each in <tool_response> tags. The
+# generation prompt opens the assistant turn. The tool-call layout here is what
+# gateway/openai/tool_calls.py reads and gateway/openai/tool_grammar.py forces.
+# The two texts below are the bodies of Jinja string literals (hence the escaped newlines).
+_TOOLS_INTRO = (
+    "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>"
+)
+_TOOLS_OUTRO = (
+    "\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>'
+)
 CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages and messages[0]['role'] == 'system' %}"
+    "{{- messages[0]['content'] + '\\n\\n' }}"
+    "{%- endif %}"
+    "{{- '" + _TOOLS_INTRO + "' }}"
+    "{%- for tool in tools %}"
+    "{{- '\\n' + (tool | tojson) }}"
+    "{%- endfor %}"
+    "{{- '" + _TOOLS_OUTRO + "<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
+    "{%- if tools and loop.first and message['role'] == 'system' %}"
+    "{#- already written into the system turn above #}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or loop.previtem['role'] != 'tool' %}"
+    "{{- '<|im_start|>user' }}"
+    "{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or loop.nextitem['role'] != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{- '<|im_start|>assistant' }}"
+    "{%- if message['content'] %}"
+    "{{- '\\n' + message['content'] }}"
+    "{%- endif %}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- set call = call['function'] if call['function'] is defined else call %}"
+    "{{- '\\n<tool_call>\\n{\"name\": ' + (call['name'] | tojson) + ', \"arguments\": ' }}"
+    "{%- if call['arguments'] is string %}"
+    "{{- call['arguments'] }}"
+    "{%- else %}"
+    "{{- call['arguments'] | tojson }}"
+    "{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}"
     "{{- '<|im_start|>assistant\\n' }}"

@@ -41,6 +41,12 @@ from engine.protocol.responses import (
     sse_json,
 )
 from engine.protocol.transport import BodyTooLarge, read_capped, wait_for_disconnect
+from engine.structured.spec import (
+    StructuredOutputsParams,
+    StructuredSpec,
+    check_structured,
+    to_structured_spec,
+)
 
 __all__ = [
     "INT64_MAX",
@@ -66,8 +72,11 @@ __all__ = [
     "PromptLogprob",
     "ResponseBuilder",
     "StreamOptions",
+    "StructuredOutputsParams",
+    "StructuredSpec",
     "TopLogprob",
     "Usage",
+    "check_structured",
     "error_body",
     "is_error_output",
     "parse_abort_request",
@@ -80,5 +89,6 @@ __all__ = [
     "tenant_label",
     "to_engine_request",
     "to_sampling_params",
+    "to_structured_spec",
     "wait_for_disconnect",
 ]

@@ -16,6 +16,7 @@ from engine.config import SchedulingPolicy
 from engine.errors import InvalidRequestError
 from engine.request import EngineRequest, RequestId
 from engine.sampling_params import SamplingParams
+from engine.structured.spec import StructuredOutputsParams, to_structured_spec
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
@@ -48,6 +49,8 @@ class GenerateSamplingParams(BaseModel):
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[StrictInt] | None = None
+    # Grammar-constrained output (engine/protocol/structured.py); vLLM's field and names.
+    structured_outputs: StructuredOutputsParams | None = None
     # Text-level fields: accepted for vLLM compatibility, ignored (the gateway handles text).
     stop: str | list[str] | None = None
     detokenize: bool = True
@@ -106,6 +109,8 @@ def _param_of(loc: tuple[int | str, ...]) -> str | None:
     if not loc:
         return None
     head = str(loc[0])
+    if head == "sampling_params" and len(loc) > 2 and loc[1] == "structured_outputs":
+        return f"{head}.structured_outputs.{loc[2]}"
     if head in ("sampling_params", "stream_options") and len(loc) > 1:
         return f"{head}.{loc[1]}"
     return head
@@ -207,6 +212,11 @@ def to_sampling_params(wire: GenerateSamplingParams, *, vocab_size: int) -> Samp
         logit_bias=dict(wire.logit_bias) if wire.logit_bias is not None else None,
         allowed_token_ids=(
             tuple(wire.allowed_token_ids) if wire.allowed_token_ids is not None else None
+        ),
+        structured_outputs=(
+            to_structured_spec(wire.structured_outputs)
+            if wire.structured_outputs is not None
+            else None
         ),
     )
     params.validate(vocab_size=vocab_size)
