@@ -60,7 +60,7 @@ async def build_state(
             await upgrade(runtime.engine)
         await check_schema(runtime.engine)  # a clear refusal, not a 503 on every request
         await runtime.restore_budgets()  # before the first admission: a restart hands none back
-        tokenizer = await asyncio.to_thread(Tokenizer.load, settings.model)
+        tokenizer = await asyncio.to_thread(Tokenizer.load, settings.model, settings.chat_template)
         engine = engine_client or await build_engine_client(
             settings, runtime.priority.vllm_priority
         )

@@ -27,6 +27,9 @@ class GatewaySettings(TenancySettings):
     model: Path
     # The name clients use for the base model; None: the directory's name.
     served_model_name: str | None = None
+    # A Jinja chat template file that replaces the checkpoint's (a model whose own template has
+    # no tools section, or another tool-call format: render tools as Hermes <tool_call> JSON).
+    chat_template: Path | None = None
 
     # ---- engines -----------------------------------------------------------------------------
     engine_mode: EngineMode = "inprocess"
@@ -56,6 +59,9 @@ class GatewaySettings(TenancySettings):
     max_stop_strings: int = Field(default=16, ge=1)
     max_stop_string_chars: int = Field(default=256, ge=1)
     max_prompts_per_request: int = Field(default=64, ge=1)
+    # Structured outputs: JSON with no whitespace between tokens (compact), or whatever
+    # whitespace the model writes (flexible; a model may then loop on spaces or newlines).
+    json_whitespace: Literal["compact", "flexible"] = "compact"
     # Quota policies and adapter visibility are cached this long (admin changes apply within it).
     policy_cache_ttl_s: float = Field(default=2.0, gt=0, le=60)
     # A comment line is sent on a stream that has been silent this long (queueing).
@@ -139,6 +145,8 @@ class GatewaySettings(TenancySettings):
             and not (self.model / "tokenizer.json").is_file()
         ):
             raise ValueError("model must be a checkpoint directory with a tokenizer")
+        if self.chat_template is not None and not self.chat_template.is_file():
+            raise ValueError("chat_template must be a file (a Jinja chat template)")
         # Field by field: setting one nested value (LORAGATE_ADAPTER_LIMITS__MAX_FILES) must not
         # drop the others' derivation.
         if "max_rank" not in self.adapter_limits.model_fields_set:

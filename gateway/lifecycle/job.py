@@ -101,6 +101,9 @@ class Plan:
     requests: list[GenerateRequest]  # one per prompt, in prompt order
     reserve_tokens: int  # every prompt plus the most every choice can generate
     output: Output
+    # The client's field behind the requests' structured_outputs (lifecycle/grammars.py names
+    # it in a 400); None: the engine's own name (the tokens-only pass-through).
+    grammar_param: str | None = None
 
 
 class Job(Protocol):

@@ -2,7 +2,8 @@
 
     route -> serve(request, ctx, job)
                plan      resolve the model (404), name the request, clamp its priority, plan
-                         the job (4xx); nothing is reserved yet
+                         the job (4xx), check its output constraint in full (grammars.py, 400);
+                         nothing is reserved yet
                run       a `Run` in a task of its own: admit -> open engine streams ->
                          stream/collect -> settle + record (run.py, bookkeeping.py)
                respond   whole or streamed, from the run's answer (`respond`, below)
@@ -38,6 +39,7 @@ from engine.protocol import wait_for_disconnect
 from gateway.engines.api import EngineClient
 from gateway.errors import ClientGone, ShuttingDown
 from gateway.lifecycle.bookkeeping import Bookkeeping
+from gateway.lifecycle.grammars import GrammarChecks
 from gateway.lifecycle.job import EngineTarget, Job, Planner
 from gateway.lifecycle.run import Run
 from gateway.policy import PolicyService, TenantContext
@@ -70,6 +72,7 @@ class RequestLifecycle:
         self.engine = engine
         self._quotas = quotas
         self.books = books
+        self._grammars = GrammarChecks()
         self._runs: set[Run] = set()
         self.is_draining = False
         self._drain_task: asyncio.Task[None] | None = None
@@ -90,6 +93,7 @@ class RequestLifecycle:
             priority=self.policy.priority(ctx, job.priority_hint),
         )
         plan = job.plan(self.planner, target)
+        await self._grammars.check(plan)
         subjects = await self.policy.subjects(ctx)
         if self.is_draining:  # checked again after the awaits: a run is refused or tracked
             raise ShuttingDown()

@@ -1,5 +1,6 @@
-"""Chat completions: the job (messages -> chat template -> one engine request) and its
-renderer (`chat.completion` bodies, `chat.completion.chunk` events)."""
+"""Chat completions: the job (messages and tools -> chat template -> one engine request, its
+output constraint from response_format / tool_choice) and its renderer (`chat.completion`
+bodies, `chat.completion.chunk` events; tool calls read out of the answer by tool_output.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from engine.protocol import SSE_DONE, sse_json
 from gateway.lifecycle.job import EngineTarget, Plan, Planner, reserve_tokens
 from gateway.openai.render import JSON, chat_logprobs
 from gateway.openai.schemas import BodyJob, ChatCompletionRequest, text_sampling
+from gateway.openai.structured import body_constraint
 from gateway.openai.text_output import TextOutput
+from gateway.openai.tool_output import ChoiceTools
+from gateway.openai.tools import tool_plan
 from gateway.text.choices import ChoiceDelta, TokenLogprob
 from gateway.text.tokenizer import Tokenizer
 from tenancy.errors import BadRequest
@@ -25,7 +29,13 @@ class ChatJob(BodyJob):
     def plan(self, planner: Planner, target: EngineTarget) -> Plan:
         body = self.body
         tokenizer = planner.tokenizer
-        prompt = tokenizer.encode_chat(body.template_messages())
+        tools = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls)
+        constraint = body_constraint(body)
+        if tools is not None:
+            constraint = tools.constraint(constraint)
+        prompt = tokenizer.encode_chat(
+            body.template_messages(), None if tools is None else tools.tools
+        )
         if not prompt:
             raise BadRequest("The messages render to an empty prompt.", param="messages")
         top = body.top_logprobs or 0
@@ -37,6 +47,7 @@ class ChatJob(BodyJob):
             max_tokens=body.requested_max_tokens,
             logprobs=top if body.logprobs else None,
             aliases={"logprobs": "top_logprobs"},
+            constraint=constraint,
         )
         params = sampling.params
         renderer = ChatRenderer(
@@ -47,6 +58,7 @@ class ChatJob(BodyJob):
             tokenizer=tokenizer,
             include_usage=body.include_usage,
             want_logprobs=body.logprobs,
+            reads_tool_calls=tools is not None and tools.reads_calls,
         )
         output = TextOutput(
             tokenizer,
@@ -62,6 +74,7 @@ class ChatJob(BodyJob):
             requests=planner.engine_requests([prompt], params, target),
             reserve_tokens=reserve_tokens([prompt], params),
             output=output,
+            grammar_param=sampling.constraint_param,
         )
 
 
@@ -76,6 +89,7 @@ class ChatRenderer:
         tokenizer: Tokenizer,
         include_usage: bool,
         want_logprobs: bool,
+        reads_tool_calls: bool = False,
     ) -> None:
         self._head = {
             "id": response_id,
@@ -90,6 +104,8 @@ class ChatRenderer:
         self._texts: list[list[str]] = [[] for _ in range(num_choices)]
         self._logprobs: list[list[TokenLogprob]] = [[] for _ in range(num_choices)]
         self._finish: list[tuple[str | None, str | int | None]] = [(None, None)] * num_choices
+        # per choice, where tool calls are read out of the answer
+        self._tools = [ChoiceTools() for _ in range(num_choices)] if reads_tool_calls else None
 
     def _logprobs_json(self, entries: list[TokenLogprob] | None) -> JSON | None:
         if not self._want_logprobs:
@@ -107,20 +123,26 @@ class ChatRenderer:
                 self._finish[d.index] = (d.finish_reason, d.stop_reason)
 
     def body(self, output: TextOutput) -> JSON:
-        choices = [
-            {
-                "index": i,
-                "message": {
-                    "role": "assistant",
-                    "content": "".join(self._texts[i]),
-                    "refusal": None,
-                },
-                "logprobs": self._logprobs_json(self._logprobs[i]),
-                "finish_reason": self._finish[i][0],
-                "stop_reason": self._finish[i][1],
-            }
-            for i in range(self._num_choices)
-        ]
+        choices = []
+        for i in range(self._num_choices):
+            text = "".join(self._texts[i])
+            message: JSON = {"role": "assistant", "content": text, "refusal": None}
+            reason = self._finish[i][0]
+            if self._tools is not None:
+                content, calls = self._tools[i].message(text)
+                message["content"] = content
+                if calls:
+                    message["tool_calls"] = calls
+                    reason = _with_calls(reason)
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": self._logprobs_json(self._logprobs[i]),
+                    "finish_reason": reason,
+                    "stop_reason": self._finish[i][1],
+                }
+            )
         return {
             **self._head,
             "object": "chat.completion",
@@ -154,15 +176,25 @@ class ChatRenderer:
     def stream_deltas(self, deltas: list[ChoiceDelta]) -> list[bytes]:
         chunks = []
         for d in deltas:
-            if not d.text and d.finish_reason is None and not d.logprobs:
+            delta: JSON = {"content": d.text} if d.text else {}
+            reason = d.finish_reason
+            if self._tools is not None:
+                tools = self._tools[d.index]
+                content, calls = tools.stream(d.text, final=reason is not None)
+                delta = {"content": content} if content else {}
+                if calls:
+                    delta["tool_calls"] = calls
+                if tools.has_calls:
+                    reason = _with_calls(reason)
+            if not delta and reason is None and not d.logprobs:
                 continue
             choice: JSON = {
                 "index": d.index,
-                "delta": {"content": d.text} if d.text else {},
+                "delta": delta,
                 "logprobs": self._logprobs_json(d.logprobs) if d.logprobs else None,
-                "finish_reason": d.finish_reason,
+                "finish_reason": reason,
             }
-            if d.finish_reason is not None:
+            if reason is not None:
                 choice["stop_reason"] = d.stop_reason
             chunks.append(self._chunk([choice]))
         return chunks
@@ -170,3 +202,8 @@ class ChatRenderer:
     def stream_end(self, output: TextOutput) -> list[bytes]:
         tail = [self._chunk([], output.usage())] if self._include_usage else []
         return [*tail, SSE_DONE]
+
+
+def _with_calls(reason: str | None) -> str | None:
+    """OpenAI's finish_reason for an answer that made tool calls and ended by itself."""
+    return "tool_calls" if reason == "stop" else reason

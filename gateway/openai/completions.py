@@ -11,6 +11,7 @@ from engine.protocol import SSE_DONE, sse_json
 from gateway.lifecycle.job import EngineTarget, Plan, Planner, reserve_tokens
 from gateway.openai.render import JSON, LegacyLogprobs
 from gateway.openai.schemas import BodyJob, CompletionRequest, text_sampling
+from gateway.openai.structured import body_constraint
 from gateway.openai.text_output import TextOutput
 from gateway.text.choices import ChoiceDelta
 from gateway.text.tokenizer import Tokenizer
@@ -35,6 +36,7 @@ class CompletionJob(BodyJob):
             logprobs=body.logprobs,
             prompt_logprobs=body.logprobs if echo_logprobs else None,
             aliases={"prompt_logprobs": "logprobs"},
+            constraint=body_constraint(body),
         )
         params = sampling.params
         renderer = CompletionRenderer(
@@ -62,6 +64,7 @@ class CompletionJob(BodyJob):
             requests=planner.engine_requests(prompts, params, target),
             reserve_tokens=reserve_tokens(prompts, params),
             output=output,
+            grammar_param=sampling.constraint_param,
         )
 
 

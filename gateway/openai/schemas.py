@@ -1,8 +1,10 @@
 """OpenAI request bodies: parsing, field-level validation, and the engine sampling they ask for.
 
 Unknown fields that do not change what is generated are ignored, as OpenAI's newer fields often
-are by vLLM; fields that would change it and that this server cannot honour (tools, structured
-output, audio, suffix, ...) are a 400 naming the field. Client-sent routing fields (`cache_salt`,
+are by vLLM; fields that would change it and that this server cannot honour (audio, suffix,
+the deprecated `functions`, ...) are a 400 naming the field. Output constraints
+(`response_format`, vLLM's `structured_outputs` and `guided_*`) are read by structured.py,
+tools by tools.py. Client-sent routing fields (`cache_salt`,
 `kv_transfer_params`, `fairness_key`) are never read: the tenant's policy sets them.
 
 `text_sampling` maps the sampling fields to the engine's: `max_tokens` defaults to what the
@@ -13,6 +15,7 @@ client spelled it (`aliases`: the engine's `logprobs` is chat's `top_logprobs`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -21,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from engine.protocol import INT64_MAX, INT64_MIN, GenerateSamplingParams
 from gateway.errors import ContextLengthExceeded, UnsupportedField
 from gateway.lifecycle.job import Planner
+from gateway.openai.structured import Constraint, with_whitespace
 from tenancy.errors import BadRequest
 
 MAX_STRING_CHARS = 1 << 20  # one message, prompt or stop string (the body limit bounds the sum)
@@ -59,20 +63,22 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[StrictInt] | None = None
     include_stop_str_in_output: bool = False
     priority: int | None = None
+    # Output constraints (structured.py): OpenAI's, then vLLM's.
+    response_format: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None  # accepted and ignored: one backend here
     # Read only to refuse them (see _UNSUPPORTED).
-    tools: Any = None
-    tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
     web_search_options: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
 
     @property
     def include_usage(self) -> bool:
@@ -88,18 +94,26 @@ class SamplingFields(BaseModel):
         for name in _UNSUPPORTED:
             if getattr(self, name) not in (None, [], {}):
                 raise UnsupportedField(name)
-        if self.tool_choice not in (None, "none", "auto"):
-            raise UnsupportedField("tool_choice")
-        if self.response_format is not None and self.response_format != {"type": "text"}:
-            raise UnsupportedField("response_format")
         if self.modalities is not None and self.modalities != ["text"]:
             raise UnsupportedField("modalities")
 
 
-_UNSUPPORTED = (
-    "tools", "functions", "function_call", "audio", "prediction", "web_search_options",
-    "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-)  # fmt: skip
+_UNSUPPORTED = ("functions", "function_call", "audio", "prediction", "web_search_options")
+
+
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str = Field(max_length=MAX_STRING_CHARS)
+
+
+class MessageToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
 
 
 class ChatMessage(BaseModel):
@@ -108,7 +122,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = Field(default=None, max_length=256)
-    tool_calls: Any = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = Field(default=None, max_length=256)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -116,6 +131,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -126,14 +144,52 @@ class ChatCompletionRequest(SamplingFields):
         )
 
     def template_messages(self) -> list[dict[str, Any]]:
-        """Messages as the chat template reads them: role and text content."""
+        """Messages as the chat template reads them: role and text content; an assistant's
+        tool calls with their arguments as objects (what templates expect), a tool result
+        with the id of the call it answers."""
         out: list[dict[str, Any]] = []
         for i, message in enumerate(self.messages):
-            if message.role == "tool" or message.tool_calls:
-                raise UnsupportedField(f"messages[{i}].tool_calls")
             role = "system" if message.role == "developer" else message.role
-            out.append({"role": role, "content": _text_content(message.content, i)})
+            entry: dict[str, Any] = {"role": role, "content": _text_content(message.content, i)}
+            if message.tool_calls:
+                if role != "assistant":
+                    raise BadRequest(
+                        "Only assistant messages carry tool_calls.",
+                        param=f"messages[{i}].tool_calls",
+                    )
+                entry["tool_calls"] = [
+                    _template_call(call, f"messages[{i}].tool_calls[{j}]")
+                    for j, call in enumerate(message.tool_calls)
+                ]
+            if role == "tool":
+                if message.tool_call_id is None:
+                    raise BadRequest(
+                        "A tool message needs the tool_call_id of the call it answers.",
+                        param=f"messages[{i}].tool_call_id",
+                    )
+                entry["tool_call_id"] = message.tool_call_id
+            out.append(entry)
         return out
+
+
+def _template_call(call: MessageToolCall, where: str) -> dict[str, Any]:
+    try:
+        arguments: Any = json.loads(call.function.arguments)
+    except ValueError:
+        raise BadRequest(
+            f"{where}.function.arguments must be a JSON object (as text).",
+            param=f"{where}.function.arguments",
+        ) from None
+    if not isinstance(arguments, dict):
+        raise BadRequest(
+            f"{where}.function.arguments must be a JSON object (as text).",
+            param=f"{where}.function.arguments",
+        )
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.function.name, "arguments": arguments},
+    }
 
 
 def _text_content(content: str | list[dict[str, Any]] | None, i: int) -> str:
@@ -156,9 +212,15 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = None
     suffix: str | None = None
     best_of: int | None = None
+    # chat's alone: refused here rather than ignored
+    tools: Any = None
+    tool_choice: Any = None
 
     def check_supported(self) -> None:
         super().check_supported()
+        for name in ("tools", "tool_choice"):
+            if getattr(self, name) is not None:
+                raise UnsupportedField(name)
         if self.suffix is not None:
             raise UnsupportedField("suffix")
         if self.best_of is not None and self.best_of != self.n:
@@ -225,6 +287,7 @@ class TextSampling:
     params: GenerateSamplingParams
     stops: tuple[str, ...]
     include_stop: bool
+    constraint_param: str | None = None  # the client's field behind params.structured_outputs
 
 
 def text_sampling(
@@ -237,6 +300,7 @@ def text_sampling(
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
     aliases: dict[str, str] | None = None,
+    constraint: Constraint | None = None,
 ) -> TextSampling:
     body.check_supported()
     settings = planner.settings
@@ -262,6 +326,10 @@ def text_sampling(
             param="stop",
         )
     params = _params(body, max_tokens, logprobs, prompt_logprobs)
+    if constraint is not None:
+        compact = settings.json_whitespace == "compact"
+        params.structured_outputs = with_whitespace(constraint, compact)
+        aliases = {**(aliases or {}), **constraint.aliases}
     try:
         planner.check_sampling(params)
     except BadRequest as exc:  # the engine's names carry a `sampling_params.` prefix
@@ -272,7 +340,12 @@ def text_sampling(
                 exc.message.replace(f"sampling_params.{name}", alias), param=alias
             ) from None
         raise BadRequest(exc.message.replace("sampling_params.", ""), param=name) from None
-    return TextSampling(params=params, stops=stops, include_stop=body.include_stop_str_in_output)
+    return TextSampling(
+        params=params,
+        stops=stops,
+        include_stop=body.include_stop_str_in_output,
+        constraint_param=None if constraint is None else constraint.param,
+    )
 
 
 def _params(

@@ -71,6 +71,18 @@ def tool_call_grammar(functions: Sequence[FunctionSpec], *, parallel: bool) -> s
     return f"start: {start}\ncall: {_OPEN} body {_CLOSE}\nbody: %json {body}\n"
 
 
+def calls_or_json_grammar(
+    functions: Sequence[FunctionSpec], schema: Mapping[str, Any] | bool, *, parallel: bool
+) -> str:
+    """`tool_choice: auto` with a JSON `response_format`: the answer is either tool calls (as
+    `tool_call_grammar`) or one JSON value valid against `schema`, compact."""
+    calls = tool_call_grammar(functions, parallel=parallel).replace("start: ", "calls: ", 1)
+    wrapped: dict[str, Any] = {"allOf": [schema]} if isinstance(schema, bool) else dict(schema)
+    wrapped["x-guidance"] = {"whitespace_flexible": False}
+    answer = json.dumps(wrapped, ensure_ascii=True)
+    return f"start: calls | answer\n{calls}answer: %json {answer}\n"
+
+
 def _call_schema(function: FunctionSpec, index: int) -> dict[str, Any]:
     parameters: Any = {"type": "object"} if function.parameters is None else function.parameters
     # The parameters now sit inside a larger document, so their local references must be

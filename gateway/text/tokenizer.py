@@ -44,17 +44,24 @@ class Tokenizer:
         self.special_ids: frozenset[int] = frozenset(hf.all_special_ids)
         vocab: dict[str, int] = self._backend.get_vocab(with_added_tokens=True)
         self.num_tokens = max(vocab.values()) + 1 if vocab else 0
-        self.has_chat_template = bool(getattr(hf, "chat_template", None))
+        template = getattr(hf, "chat_template", None)
+        self.has_chat_template = bool(template)
+        # A template that never reads `tools` would drop them silently (transformers passes
+        # them as a variable); such a model needs LORAGATE_CHAT_TEMPLATE for tools.
+        self.renders_tools = isinstance(template, str) and "tools" in template
         # token id -> its bytes (None: skipped when decoding: special, or not in the vocabulary)
         self.token_bytes: list[bytes | None] | None = self._byte_table(vocab)
 
     @classmethod
-    def load(cls, model_dir: Path) -> Tokenizer:
+    def load(cls, model_dir: Path, chat_template: Path | None = None) -> Tokenizer:
+        """The checkpoint's tokenizer; `chat_template` (a Jinja file) replaces its template."""
         from transformers import AutoTokenizer
 
         hf = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         if getattr(hf, "backend_tokenizer", None) is None:
             raise ValueError(f"{model_dir} has no fast (tokenizer.json) tokenizer")
+        if chat_template is not None:
+            hf.chat_template = chat_template.read_text(encoding="utf-8")
         return cls(hf)
 
     @property
@@ -83,14 +90,22 @@ class Tokenizer:
         ids: list[int] = self._backend.encode(text, add_special_tokens=add_special_tokens).ids
         return ids
 
-    def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
+    def render_chat(
+        self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         if not self.has_chat_template:
             raise BadRequest(
                 "This model has no chat template; use /v1/completions.", param="messages"
             )
+        if tools and not self.renders_tools:
+            raise BadRequest(
+                "This model's chat template has no tools section; the operator can give it one "
+                "(LORAGATE_CHAT_TEMPLATE).",
+                param="tools",
+            )
         try:
             text = self._hf.apply_chat_template(
-                list(messages), add_generation_prompt=True, tokenize=False
+                list(messages), tools=tools or None, add_generation_prompt=True, tokenize=False
             )
         except Exception as exc:  # template errors (raise_exception) are about the messages
             raise BadRequest(
@@ -101,9 +116,11 @@ class Tokenizer:
             raise BadRequest("The chat template did not render to text.", param="messages")
         return text
 
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         # The template writes special tokens (and BOS) itself, as transformers' tokenize=True does.
-        return self.encode(self.render_chat(messages), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, tools), add_special_tokens=False)
 
     # ---- decoding ------------------------------------------------------------------------------
 
