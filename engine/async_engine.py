@@ -134,6 +134,10 @@ class AsyncEngine:
         """Admit a request; raises its EngineError (400/404/503) before anything streams."""
         spec = request.sampling_params.structured_outputs
         if spec is not None and request.grammar is None:
+            with self._lock:  # nothing compiles for an engine that would refuse the request
+                error = self._unavailable()
+            if error is not None:
+                raise error
             # compiled here, on the compiler's threads: the loop keeps stepping, and the
             # request holds no batch slot until its grammar is ready (or refused: a 400)
             request = replace(request, grammar=await self._grammars.compile_async(spec))

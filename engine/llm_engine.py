@@ -339,10 +339,12 @@ class LLMEngine:
 
     def _fail_grammar(self, state: RequestState, seq: Sequence) -> None:
         """The grammar refused the sampled token: only when its matcher failed (a step past
-        llguidance's limits); the request ends with an error naming the constraint."""
-        assert seq.grammar is not None
-        why = " ".join((seq.grammar.error or "the grammar refused the sampled token").split())
-        state.error = f"structured outputs: {why[:300]}"
+        llguidance's per-step limits); the request ends with an error. llguidance's own message
+        quotes the generated text, so it stays out of the answer and the logs."""
+        state.error = (
+            "structured outputs: the grammar could not follow the output "
+            "(a step exceeded the grammar engine's limits)"
+        )
         for other in state.seqs:
             if not other.is_finished:
                 self.scheduler.finish(other)

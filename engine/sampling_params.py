@@ -94,6 +94,9 @@ class SamplingParams:
                     raise bad("logit_bias", f"holds token id {token_id}, outside the vocabulary")
                 if not (math.isfinite(bias) and -100 <= bias <= 100):
                     raise bad("logit_bias", "values must be in [-100, 100]")
+        if self.allowed_token_ids is not None and self.structured_outputs is not None:
+            # the two can leave no token at all, and the grammar decides what may follow
+            raise bad("allowed_token_ids", "cannot be combined with structured_outputs")
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
                 raise bad("allowed_token_ids", "must not be empty")

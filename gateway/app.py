@@ -33,7 +33,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestContextMiddleware, TrustedHostMiddleware
 from gateway.openapi import OPENAPI_URL, install_openapi
 from gateway.policy import PolicyService
-from gateway.routes import chat, completions, generate, health, models
+from gateway.routes import chat, completions, generate, health, models, responses
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.text.tokenizer import Tokenizer
@@ -197,7 +197,7 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware)
     app.add_middleware(TrustedHostMiddleware, hosts=settings.trusted_hosts)
-    for module in (chat, completions, models, generate, health):
+    for module in (chat, responses, completions, models, generate, health):
         app.include_router(module.router)
     app.include_router(admin_router())
     if docs:

@@ -45,6 +45,12 @@ void mask_row(float* x, const int32_t* bits, int64_t words, int64_t cols) {
 // One pass for each word's largest allowed value (a word of allowed columns vectorised, a mixed
 // word visiting its set bits only), keeping the first word that holds the row's maximum (or its
 // first NaN: like torch.argmax, a NaN wins); then that word alone is searched for the column.
+// A word's bits for its columns that exist (the last word may reach past the row).
+inline uint32_t column_bits(int32_t word, int64_t columns_left) {
+    const uint32_t bits = static_cast<uint32_t>(word);
+    return columns_left >= 32 ? bits : bits & ((1u << columns_left) - 1u);
+}
+
 template <typename T>
 int64_t first_in_word(const T* x, uint32_t word, int64_t n, bool nan, float best) {
     for (int64_t b = 0; b < n; ++b) {
@@ -61,10 +67,10 @@ int64_t masked_argmax_row(const T* x, const int32_t* bits, int64_t words, int64_
     float best = ninf;
     int64_t best_word = -1, nan_word = -1, first_word = -1;
     for (int64_t w = 0; w < words; ++w) {
-        const uint32_t word = static_cast<uint32_t>(bits[w]);
+        const int64_t base = w * 32;
+        const uint32_t word = column_bits(bits[w], cols - base);
         if (word == 0) continue;
         if (first_word < 0) first_word = w;
-        const int64_t base = w * 32;
         float m = ninf;
         int nan = 0;
         if (word == 0xffffffffu && cols - base >= 32) {  // free text: every column allowed
@@ -99,7 +105,7 @@ int64_t masked_argmax_row(const T* x, const int32_t* bits, int64_t words, int64_
     const int64_t w = nan ? nan_word : (best_word >= 0 ? best_word : first_word);
     const int64_t base = w * 32;
     const int64_t n = cols - base < 32 ? cols - base : 32;
-    return base + first_in_word(x + base, static_cast<uint32_t>(bits[w]), n, nan, best);
+    return base + first_in_word(x + base, column_bits(bits[w], n), n, nan, best);
 }
 
 }  // namespace

@@ -34,7 +34,9 @@ def allowed_reference(bitmask: torch.Tensor, cols: int) -> torch.Tensor:
 
 
 def mask_rows_reference(x: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int]) -> None:
-    index = torch.tensor(list(rows), dtype=torch.long)
+    if not rows:
+        return
+    index = torch.tensor(list(rows), dtype=torch.long, device=x.device)
     allowed = allowed_reference(bitmask[index], x.shape[1])
     x[index] = x[index].masked_fill(~allowed, float("-inf"))
 
@@ -42,8 +44,11 @@ def mask_rows_reference(x: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[i
 def masked_argmax_reference(x: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     allowed = allowed_reference(bitmask, x.shape[1])
     masked = x.float().masked_fill(~allowed, float("-inf"))
-    # a row where nothing is allowed answers 0, as the kernel does
-    return torch.where(allowed.any(dim=-1), masked.argmax(dim=-1), 0)
+    best = masked.argmax(dim=-1)  # [rows]
+    # where every allowed value is -inf, the first allowed column (argmax alone would answer
+    # 0, allowed or not); where nothing is allowed, 0: as the kernel does
+    no_finite = masked.amax(dim=-1) == float("-inf")
+    return torch.where(no_finite, allowed.int().argmax(dim=-1), best)
 
 
 def _check(x: torch.Tensor, bitmask: torch.Tensor) -> None:
@@ -74,7 +79,7 @@ class TokenMask:
         int32; rows: which rows to mask (the others are left alone)."""
         _check(x, bitmask)
         if x.dtype != torch.float32:
-            raise ValueError(f"mask_rows needs float32 logits, got {x.dtype}")
+            raise ValueError(f"mask_rows needs float32 logits x, got {x.dtype}")
         index = torch.tensor(list(rows), dtype=torch.int64)
         if len(index) and not (int(index.min()) >= 0 and int(index.max()) < x.shape[0]):
             raise ValueError("rows must index x's rows")
@@ -94,7 +99,7 @@ class TokenMask:
         _check(x, bitmask)
         entry = self._argmax.get(x.dtype)
         if entry is None:
-            raise ValueError(f"masked_argmax takes bfloat16 or float32, got {x.dtype}")
+            raise ValueError(f"masked_argmax takes bfloat16 or float32 logits x, got {x.dtype}")
         out = torch.empty(x.shape[0], dtype=torch.int64)
         entry(
             x.data_ptr(),

@@ -30,6 +30,10 @@ SERVE_ARGS = (
     "--dtype", "float32", "--max-model-len", "2048", "--tokens-only",
     "--enable-lora", "--max-loras", "4", "--max-lora-rank", "16",
     "--scheduling-policy", "priority", "--enable-prompt-tokens-details",
+    # structured outputs as loragate's engine runs them: llguidance (the gateway's tool-call
+    # grammars are Lark with embedded JSON schemas, which xgrammar does not read) and compact
+    # JSON (on vLLM a server setting; loragate's engine takes it per request)
+    "--structured-outputs-config", '{"backend": "guidance", "disable_any_whitespace": true}',
 )  # fmt: skip
 
 

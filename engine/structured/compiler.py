@@ -126,7 +126,7 @@ class GrammarCompiler:
             if cached is not None:
                 return _result(cached)
             future = self._in_flight.get(spec)
-            if future is None:
+            if future is None or future.cancelled():
                 future = self._pool().submit(self._build_and_store, spec)
                 self._in_flight[spec] = future
         try:
@@ -211,8 +211,11 @@ class GrammarCompiler:
         return self._executor
 
     def shutdown(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        """Stop the worker threads; a later compile_async starts new ones."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _result(outcome: Outcome) -> CompiledGrammar:

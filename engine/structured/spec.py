@@ -16,6 +16,7 @@ Torch-free: the gateway imports it through engine.protocol.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -40,14 +41,19 @@ MAX_CHOICES = 4096
 # JSON nesting of a schema or structural tag: deeper is refused before any walk (Python's
 # json and llguidance both recurse).
 MAX_JSON_DEPTH = 64
+# llguidance follows `$ref` chains and grammar rules by native recursion: a chain of ~1,000
+# refs (68 kB of schema, 6 levels deep) or ~3,000 rules overflowed a thread's 8 MiB stack and
+# took the process with it. These caps keep several times below that (600 refs and 2,000
+# rules were measured safe) and above what real schemas and grammars use.
+MAX_REFS = 128
+MAX_GRAMMAR_RULES = 1000
+_RULE = re.compile(r"^\s*[?!]?[A-Za-z_][\w.-]*\s*(?:\.\s*-?\d+\s*)?(?::|::=)", re.MULTILINE)
 
 
 class StructuredOutputsParams(BaseModel):
     """The wire form (vLLM's `StructuredOutputsParams`); unknown fields are a 400."""
 
-    model_config = ConfigDict(
-        extra="forbid", serialize_by_alias=True, validate_by_name=True, validate_by_alias=True
-    )
+    model_config = ConfigDict(extra="forbid", serialize_by_alias=True)
 
     # `json` is BaseModel's (deprecated) method name: the field is json_ on the Python side.
     json_: str | dict[str, Any] | bool | None = Field(default=None, alias="json")
@@ -81,22 +87,23 @@ def _bad(field: str, why: str) -> InvalidRequestError:
     return InvalidRequestError(f"{param} {why}", param=param)
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of parsed JSON, without recursion (a hostile body must not blow the
-    stack); stops counting past MAX_JSON_DEPTH + 1."""
-    deepest = 0
+def _depth_and_refs(value: Any) -> tuple[int, int]:
+    """Nesting depth of parsed JSON and its number of `$ref` keys, without recursion (a hostile
+    body must not blow the stack); stops counting past MAX_JSON_DEPTH + 1 levels."""
+    deepest = refs = 0
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if depth > deepest:
             deepest = depth
             if deepest > MAX_JSON_DEPTH:
-                return deepest
+                break
         if isinstance(item, dict):
+            refs += "$ref" in item
             stack.extend((v, depth + 1) for v in item.values())
         elif isinstance(item, list):
             stack.extend((v, depth + 1) for v in item)
-    return deepest
+    return deepest, refs
 
 
 def _json_source(field: str, value: str | dict[str, Any] | bool) -> str:
@@ -107,10 +114,15 @@ def _json_source(field: str, value: str | dict[str, Any] | bool) -> str:
             value = json.loads(value)
         except (ValueError, RecursionError):
             raise _bad(field, "is not valid JSON") from None
-    if _depth(value) > MAX_JSON_DEPTH:
+    depth, refs = _depth_and_refs(value)
+    if depth > MAX_JSON_DEPTH:
         raise _bad(field, f"nests deeper than {MAX_JSON_DEPTH} levels")
+    if refs > MAX_REFS:
+        raise _bad(field, f"holds more than {MAX_REFS} $ref")
+    if field == "json" and value is False:
+        raise _bad(field, "is the schema false, which no output matches")
     if field == "json" and not isinstance(value, dict | bool):
-        raise _bad(field, "must be a JSON Schema: an object (or true / false)")
+        raise _bad(field, "must be a JSON Schema: an object (or true)")
     if field == "structural_tag" and not isinstance(value, dict):
         raise _bad(field, "must be a JSON object")
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
@@ -152,6 +164,8 @@ def to_structured_spec(wire: StructuredOutputsParams) -> StructuredSpec:
             raise _bad(kind, "must not contain a NUL character")
         if len(value) > MAX_SOURCE_CHARS:
             raise _bad(kind, f"is longer than {MAX_SOURCE_CHARS} characters")
+        if kind == "grammar" and len(_RULE.findall(value)) > MAX_GRAMMAR_RULES:
+            raise _bad(kind, f"has more than {MAX_GRAMMAR_RULES} rules")
         source = value
     if wire.whitespace_pattern is not None and len(wire.whitespace_pattern) > 1024:
         raise _bad("whitespace_pattern", "is longer than 1024 characters")
@@ -179,6 +193,8 @@ def _json_options(spec: StructuredSpec) -> Any:  # llguidance's JsonCompileOptio
 
 
 def _schema_grammar(spec: StructuredSpec, schema: Any) -> str:
+    if schema is True:
+        schema = {}  # any JSON value (llguidance takes options on an object schema only)
     if spec.disable_additional_properties:
         schema = _closed_objects(schema)
     try:
@@ -226,11 +242,18 @@ def _structural_tag_grammar(spec: StructuredSpec) -> str:
         trigger = next((t for t in triggers if item["begin"].startswith(t)), None)
         if trigger is None:
             raise _bad("structural_tag", f"structures[{i}].begin starts with no trigger")
+        schema = {} if item["schema"] is True else item["schema"]
+        if schema is False:
+            raise _bad("structural_tag", f"structures[{i}].schema is false: nothing matches")
+        if spec.disable_additional_properties:
+            schema = _closed_objects(schema)
+        # the schema itself, its JSON options inside: a StructTag embeds a grammar document
+        # as a schema that allows any JSON (the structure would not be enforced)
         tags.append(
             llguidance.StructTag(
                 trigger=trigger,
                 begin=item["begin"],
-                grammar=_schema_grammar(spec, item["schema"]),
+                grammar={**schema, "x-guidance": _json_options(spec)},
                 end=item["end"],
             )
         )
@@ -259,6 +282,8 @@ def grammar_text(spec: StructuredSpec) -> str:
 def check_structured(spec: StructuredSpec) -> str:
     """Validate without a tokenizer (syntax, schema features, sizes); returns the grammar.
     Raises InvalidRequestError naming the field; the message is llguidance's, shortened."""
+    if spec.whitespace_pattern is not None:
+        _check_whitespace_pattern(spec.whitespace_pattern)
     grammar = grammar_text(spec)
     error = llguidance.LLMatcher.validate_grammar(grammar, None)
     if error:
@@ -266,6 +291,16 @@ def check_structured(spec: StructuredSpec) -> str:
             f"{spec.param} does not compile: {_short(error)}", param=spec.param
         )
     return grammar
+
+
+def _check_whitespace_pattern(pattern: str) -> None:
+    param = "sampling_params.structured_outputs.whitespace_pattern"
+    try:
+        error = llguidance.LLMatcher.validate_grammar(llguidance.grammar_from("regex", pattern))
+    except (ValueError, TypeError) as exc:
+        error = str(exc)
+    if error:
+        raise InvalidRequestError(f"{param} is not a regex: {_short(error)}", param=param)
 
 
 def _short(error: object, limit: int = 300) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 
 from engine.protocol import (
     InvalidRequestError,
@@ -61,7 +62,10 @@ def _refusal(spec: StructuredSpec) -> InvalidRequestError | None:
     return None
 
 
-def _client_error(error: InvalidRequestError, param: str | None) -> BadRequest:
-    if param is None or error.param is None:
+def _client_error(
+    error: InvalidRequestError, client_param: Callable[[str], str] | None
+) -> BadRequest:
+    if client_param is None or error.param is None:
         return BadRequest(error.message, param=error.param)
+    param = client_param(error.param)
     return BadRequest(error.message.replace(error.param, param, 1), param=param)

@@ -14,6 +14,7 @@ salt and fairness key, the priority clamped into its tier's band, the adapter it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -101,9 +102,9 @@ class Plan:
     requests: list[GenerateRequest]  # one per prompt, in prompt order
     reserve_tokens: int  # every prompt plus the most every choice can generate
     output: Output
-    # The client's field behind the requests' structured_outputs (lifecycle/grammars.py names
-    # it in a 400); None: the engine's own name (the tokens-only pass-through).
-    grammar_param: str | None = None
+    # The client's name for an engine parameter of the requests' structured_outputs (a 400 of
+    # lifecycle/grammars.py names it); None: the engine's own name (the tokens-only pass-through).
+    grammar_param: Callable[[str], str] | None = None
 
 
 class Job(Protocol):

@@ -16,6 +16,7 @@ client spelled it (`aliases`: the engine's `logprobs` is chat's `top_logprobs`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -287,7 +288,8 @@ class TextSampling:
     params: GenerateSamplingParams
     stops: tuple[str, ...]
     include_stop: bool
-    constraint_param: str | None = None  # the client's field behind params.structured_outputs
+    # the client's name for the engine's structured_outputs parameters (lifecycle/grammars.py)
+    constraint_param: Callable[[str], str] | None = None
 
 
 def text_sampling(
@@ -344,7 +346,7 @@ def text_sampling(
         params=params,
         stops=stops,
         include_stop=body.include_stop_str_in_output,
-        constraint_param=None if constraint is None else constraint.param,
+        constraint_param=None if constraint is None else constraint.client_param,
     )
 
 

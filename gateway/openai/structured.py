@@ -55,7 +55,14 @@ class Constraint:
     def aliases(self) -> dict[str, str]:
         """The engine's parameter names (without `sampling_params.`) -> the client's."""
         names = {"structured_outputs", *(f"structured_outputs.{k}" for k in _KINDS)}
-        return {name: self.param for name in names}
+        return {name: self.client_param(f"sampling_params.{name}") for name in names}
+
+    def client_param(self, engine_param: str) -> str:
+        """The client's name for an engine parameter: vLLM's `structured_outputs` object keeps
+        its field names; any other form is named as a whole."""
+        if self.param == "structured_outputs":
+            return engine_param.removeprefix("sampling_params.")
+        return self.param
 
 
 def json_schema_constraint(fmt: ResponseFormat, param: str) -> Constraint | None:
