@@ -151,11 +151,11 @@ def _whole_calls(reply: Any) -> list[dict[str, str]]:
     return [{"name": c.function.name, "arguments": c.function.arguments} for c in calls]
 
 
-def _streamed_calls(stream: Any) -> list[dict[str, str]]:
-    """Assembled from the deltas by index, as the SDK's stream helpers do."""
+def _assemble(chunks: list[Any]) -> list[dict[str, str]]:
+    """Tool calls assembled from stream deltas by index, as the SDK's stream helpers do."""
     calls: dict[int, dict[str, str]] = {}
     finish = None
-    for chunk in stream:
+    for chunk in chunks:
         for choice in chunk.choices:
             finish = choice.finish_reason or finish
             for delta in choice.delta.tool_calls or []:
@@ -168,6 +168,18 @@ def _streamed_calls(stream: Any) -> list[dict[str, str]]:
     return [calls[i] for i in sorted(calls)]
 
 
+def _streamed_calls(stream: Any) -> list[dict[str, str]]:
+    return _assemble(list(stream))
+
+
+async def _both(client: AsyncOpenAI, **kw: Any) -> tuple[list[dict[str, str]], ...]:
+    whole = _whole_calls(await client.chat.completions.create(**kw))
+    streamed = _assemble([chunk async for chunk in await client.chat.completions.create(
+        **kw, stream=True
+    )])  # fmt: skip
+    return whole, streamed
+
+
 @pytest.mark.parametrize(
     ("tool_choice", "allowed"),
     [
@@ -175,27 +187,32 @@ def _streamed_calls(stream: Any) -> list[dict[str, str]]:
         ({"type": "function", "function": {"name": "get_time"}}, {"get_time"}),
     ],
 )
-@pytest.mark.parametrize("model", [MODEL, ADAPTERS[0]])
-def test_required_and_named_tool_choice_always_call_an_allowed_tool(
-    gateway_proc: GatewayProcess, owner: TenantInfo, tool_choice: Any, allowed: set[str], model: str
+async def test_required_and_named_tool_choice_always_call_an_allowed_tool(
+    gateway_proc: GatewayProcess, owner: TenantInfo, tool_choice: Any, allowed: set[str]
 ) -> None:
-    client = sdk(gateway_proc, owner.key)
-    for seed in range(4):
-        kw: dict[str, Any] = {
-            "model": model,
+    """Greedy and sampled, base model and adapter, parallel calls or one: streamed and whole
+    answers (the same seed, so the same tokens) are calls to allowed tools with valid
+    arguments, and the deltas assemble to the whole answer's calls."""
+    client = AsyncOpenAI(base_url=gateway_proc.base_url, api_key=owner.key, timeout=300)
+    cases = [
+        {
+            "model": (MODEL, ADAPTERS[0])[seed % 2],
             "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
             "tools": TOOLS,
             "tool_choice": tool_choice,
             "max_tokens": MAX_TOKENS,
-            "temperature": (0.0, 1.0)[seed % 2],
+            "temperature": (0.0, 1.0)[seed // 2],
             "seed": seed,
-            "parallel_tool_calls": seed < 2,
+            "parallel_tool_calls": seed in (1, 2),
         }
-        whole = _whole_calls(client.chat.completions.create(**kw))
-        streamed = _streamed_calls(client.chat.completions.create(**kw, stream=True))
+        for seed in range(4)
+    ]
+    results = await asyncio.gather(*(_both(client, **kw) for kw in cases))
+    await client.close()
+    for kw, (whole, streamed) in zip(cases, results, strict=True):
         _check_calls(whole, allowed)
         _check_calls(streamed, allowed)
-        assert streamed == whole  # the same seed and tokens: the deltas assemble to the same calls
+        assert streamed == whole
         if not kw["parallel_tool_calls"]:
             assert len(whole) == 1
 
