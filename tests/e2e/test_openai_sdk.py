@@ -215,7 +215,7 @@ def test_not_found_for_unknown_model(gateway_proc: GatewayProcess, tenant: Tenan
         ({"max_tokens": 10**9}, "max_tokens"),
         ({"n": 10**6}, "n"),
         ({"logprobs": True, "top_logprobs": 10**6}, "top_logprobs"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"temperature": -1}, "temperature"),
     ],
 )

@@ -121,7 +121,7 @@ async def test_json_object_answers_are_objects(
                 model=MODEL,
                 messages=ASK,
                 response_format={"type": "json_object"},
-                max_tokens=1024,
+                max_tokens=128,
                 temperature=1.0,
                 seed=seed,
             )
@@ -221,7 +221,12 @@ def test_a_tool_round_trip_is_accepted(gateway_proc: GatewayProcess, owner: Tena
     client = sdk(gateway_proc, owner.key)
     question = [{"role": "user", "content": "Weather in Oslo?"}]
     first = client.chat.completions.create(
-        model=MODEL, messages=question, tools=TOOLS, tool_choice="required", max_tokens=MAX_TOKENS
+        model=MODEL,
+        messages=question,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=MAX_TOKENS,
     )
     call = (first.choices[0].message.tool_calls or [])[0]
     conversation = [
