@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from engine.protocol import GenerateRequest
 from gateway.admin import PREFIX as ADMIN_PREFIX
 from gateway.admin.examples import ADMIN_EXAMPLES
+from gateway.openai.responses import ResponsesRequest
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
 from tenancy.settings import TenancySettings
 
@@ -36,6 +37,7 @@ BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("post", "/v1/chat/completions"): ChatCompletionRequest,
     ("post", "/v1/completions"): CompletionRequest,
     ("post", "/inference/v1/generate"): GenerateRequest,
+    ("post", "/v1/responses"): ResponsesRequest,
 }
 
 DESCRIPTION = """\
