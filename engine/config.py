@@ -81,11 +81,12 @@ class EngineConfig:
     # torch intra-op threads, set once at engine start (None: every core this process may use).
     threads: int | None = None
     # Structured outputs (engine/structured/compiler.py): compiled grammars kept (an LRU), the
-    # longest a request waits for its compile, and how much lower the compile threads' CPU
-    # priority is than the step's (nice), so a long compile leaves running requests their CPU.
+    # longest a request waits for its compile, and how much lower a compile thread's CPU
+    # priority is than the step's (nice) once llguidance's GIL-held parse is done, so a long
+    # compile leaves running requests most of their CPU.
     grammar_cache_entries: int = 256
-    grammar_compile_timeout_s: float = 10.0
-    grammar_compile_nice: int = 10
+    grammar_compile_timeout_s: float = 30.0
+    grammar_compile_nice: int = 5
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

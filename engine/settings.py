@@ -135,12 +135,12 @@ class EngineSettings(BaseModel):
         default=256, description="compiled structured-output grammars kept (least recently used go)"
     )
     grammar_compile_timeout_s: float = Field(
-        default=10.0,
+        default=30.0,
         gt=0,
         description="the longest a request waits for its grammar to compile (then a 400)",
     )
     grammar_compile_nice: int = Field(
-        default=10,
+        default=5,
         description="how much lower (nice, 0-19) the grammar compile threads' CPU priority is "
         "than the engine step's",
     )

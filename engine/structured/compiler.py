@@ -5,10 +5,14 @@ a typical schema, up to about a second for a megabyte of schema); everything pas
 lazily, token by token, inside its per-step limits. So:
 
 - `compile_async` (AsyncEngine.add_request, before the request reaches the loop) runs a cache
-  miss on a worker thread of its own, at a lower OS priority (`compile_nice`): a compile takes
-  CPU from the step's threads only where they leave it, so running requests are not stalled;
-  the request waits for its grammar outside the scheduler, holding no batch slot. The native
-  code releases the GIL, so the loop thread keeps stepping meanwhile.
+  miss on a thread of its own while the loop keeps stepping; the request waits for its grammar
+  outside the scheduler, holding no batch slot. llguidance first parses the grammar document
+  holding the GIL (~8 ms a megabyte), then builds without it: the thread starts at the loop's
+  priority and lowers itself (`compile_nice`) once that parse is behind it, so the long part
+  takes CPU from the step's threads only where they leave it. Lowered from the start, the
+  thread was descheduled while it held the GIL and the loop waited on it: steps of 70-200 ms
+  against 11 ms (bench/RESULTS.md, structured outputs). A Linux thread cannot raise its
+  priority back, so each compile runs on a fresh thread; `num_workers` bounds how many run.
 - A compile that llguidance's limits refuse (`LLParserLimits`: grammar size, lexer fuel) or that
   outlives `compile_timeout_s` fails that request alone: InvalidRequestError naming the field.
   A timed-out compile still finishes in the background (native code cannot be interrupted);
@@ -46,9 +50,9 @@ log = logging.getLogger(__name__)
 class CompilerLimits:
     cache_entries: int = 256
     cache_source_chars: int = 64 << 20
-    compile_timeout_s: float = 10.0
+    compile_timeout_s: float = 30.0
     # Added to the worker threads' nice value (Linux: per thread); 0 keeps the loop's.
-    compile_nice: int = 10
+    compile_nice: int = 5
     num_workers: int = 2
 
     def __post_init__(self) -> None:
@@ -142,7 +146,7 @@ class GrammarCompiler:
 
     def _build_and_store(self, spec: StructuredSpec) -> Outcome:
         try:
-            outcome = self._build(spec)
+            outcome = self._build_lowering(spec)
         except BaseException as exc:  # an unexpected failure must not leave waiters hanging
             outcome = InvalidRequestError(
                 f"{spec.param} could not be compiled ({type(exc).__name__})", param=spec.param
@@ -152,13 +156,42 @@ class GrammarCompiler:
             self._in_flight.pop(spec, None)
         return outcome
 
-    def _build(self, spec: StructuredSpec) -> Outcome:
+    def _build_lowering(self, spec: StructuredSpec) -> Outcome:
+        """`_build` on a fresh thread that lowers its own priority after the GIL-held parse."""
+        outcomes: list[Outcome] = []
+        failures: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                outcomes.append(self._build(spec, lower=self.limits.compile_nice))
+            except BaseException as exc:  # raised again on the waiting thread
+                failures.append(exc)
+
+        thread = threading.Thread(target=run, name="grammar-compile", daemon=True)
+        thread.start()
+        thread.join()
+        if failures:
+            raise failures[0]
+        return outcomes[0]
+
+    def _build(self, spec: StructuredSpec, lower: int = 0) -> Outcome:
+        """Compile on this thread; `lower`: nice added to it once llguidance's parse of the
+        grammar (GIL held, ~8 ms a megabyte; 20 ms a megabyte allowed here) is done."""
         try:
             grammar = grammar_text(spec)
             tokenizer = self._llg_tokenizer()
         except InvalidRequestError as exc:
             return exc
-        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        timer = None
+        if lower > 0:
+            delay_s = 0.005 + 20e-9 * len(grammar)
+            timer = threading.Timer(delay_s, _lower_priority, (threading.get_native_id(), lower))
+            timer.start()
+        try:
+            matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        finally:
+            if timer is not None:
+                timer.cancel()
         self.num_compiles += 1
         if matcher.is_error():
             error = " ".join(matcher.get_error().split())
@@ -201,12 +234,10 @@ class GrammarCompiler:
     # ---- workers -----------------------------------------------------------------------------
 
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The threads that wait for compiles (each on a fresh thread: _build_lowering)."""
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=self.limits.num_workers,
-                thread_name_prefix="grammar-compile",
-                initializer=_lower_priority,
-                initargs=(self.limits.compile_nice,),
+                max_workers=self.limits.num_workers, thread_name_prefix="grammar-wait"
             )
         return self._executor
 
@@ -225,12 +256,11 @@ def _result(outcome: Outcome) -> CompiledGrammar:
     return outcome
 
 
-def _lower_priority(nice: int) -> None:
-    """Lower this worker thread's CPU priority (Linux sets nice per thread)."""
+def _lower_priority(tid: int, nice: int) -> None:
+    """Lower thread `tid`'s CPU priority by `nice` (Linux sets nice per thread)."""
     if nice <= 0 or not hasattr(os, "setpriority"):
         return
     try:
-        tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
     except OSError as exc:  # a sandbox may forbid it: compiles then run at the loop's priority
         log.info("grammar compile threads keep their priority (%s)", exc)
