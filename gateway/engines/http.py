@@ -215,9 +215,10 @@ class HttpEngineClient:
         task.add_done_callback(self._background.discard)
 
     async def _abort(self, replica: Replica, request_id: str) -> None:
+        path = vllm_dialect.ABORT_PATH if self._vllm else "/abort_requests"
         with contextlib.suppress(httpx.HTTPError):
             await self._http.post(
-                replica.url + "/abort_requests", json={"request_ids": [request_id]}, timeout=5.0
+                replica.url + path, json={"request_ids": [request_id]}, timeout=5.0
             )
 
     # ---- requests ------------------------------------------------------------------------------

