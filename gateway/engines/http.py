@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.protocol import GenerateRequest, GenerateResponse
+from engine.protocol import GenerateRequest, GenerateResponse, StructuredSpec, check_structured
 from gateway.engines import vllm_dialect
 from gateway.engines.api import EngineStreamError
 from gateway.engines.http_stream import HttpStream, ReadEvent, next_event
@@ -155,6 +155,10 @@ class HttpEngineClient:
         for pool in self._pools:
             pool.close()
         await self._http.aclose()
+
+    async def check_constraint(self, spec: StructuredSpec) -> None:
+        # the engines compile it again; this process runs no steps for a check to slow down
+        await asyncio.to_thread(check_structured, spec)
 
     async def check_ready(self) -> dict[str, bool]:
         return {replica.name: replica.healthy for replica in self.replicas}

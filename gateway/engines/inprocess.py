@@ -31,6 +31,7 @@ from engine.protocol import (
     GenerateRequest,
     GenerateResponse,
     ResponseBuilder,
+    StructuredSpec,
     is_error_output,
     to_engine_request,
 )
@@ -119,6 +120,9 @@ class InProcessEngineClient:
 
     async def start(self) -> None:
         return None
+
+    async def check_constraint(self, spec: StructuredSpec) -> None:
+        await self.engine.compile_grammar(spec)
 
     async def open(self, request: GenerateRequest, adapter: AdapterRef | None) -> LocalStream:
         if adapter is not None:

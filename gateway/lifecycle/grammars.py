@@ -1,32 +1,32 @@
 """Every output constraint checked in full before anything is reserved, off the event loop.
 
 Planning runs the engine's cheap checks (one constraint, its JSON parses, sizes); this one runs
-llguidance's validation of the grammar itself (schema features, regex and grammar syntax,
-its size limits), which takes ~1 ms for a typical schema and up to about a second for a
-megabyte of one, so it runs on a worker thread. A refusal is a 400 naming the client's field,
-before admission: nothing is reserved or billed, the engine never sees the request. Results are
-kept (by a digest of the spec, bounded) so a schema sent again is checked once.
+the grammar itself through llguidance (schema features, regex and grammar syntax, its size
+limits), ~1 ms for a typical schema and up to about a second for a megabyte of one, through the
+engine client (`check_constraint`: the in-process engine compiles it, yielding a core of its
+step meanwhile, and keeps it for the request; in front of HTTP engines, a worker thread). A
+refusal is a 400 naming the client's field, before admission: nothing is reserved or billed,
+the engine never sees the request. Results are kept (by a digest of the spec, bounded) so a
+schema sent again is checked once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-from engine.protocol import (
-    InvalidRequestError,
-    StructuredSpec,
-    check_structured,
-    to_structured_spec,
-)
+from engine.protocol import InvalidRequestError, StructuredSpec, to_structured_spec
 from gateway.lifecycle.job import Plan
 from tenancy.errors import BadRequest
 
 
 class GrammarChecks:
-    def __init__(self, max_entries: int = 1024) -> None:
+    def __init__(
+        self, check: Callable[[StructuredSpec], Awaitable[None]], max_entries: int = 1024
+    ) -> None:
+        """`check`: the engine client's check_constraint (raises InvalidRequestError)."""
+        self._check = check
         self._max_entries = max_entries
         self._results: OrderedDict[bytes, InvalidRequestError | None] = OrderedDict()
 
@@ -44,7 +44,7 @@ class GrammarChecks:
                     self._results.move_to_end(key)
                     error = self._results[key]
                 else:
-                    error = await asyncio.to_thread(_refusal, spec)
+                    error = await self._refusal(spec)
                     self._results[key] = error
                     while len(self._results) > self._max_entries:
                         self._results.popitem(last=False)
@@ -53,13 +53,12 @@ class GrammarChecks:
             if error is not None:
                 raise _client_error(error, plan.grammar_param)
 
-
-def _refusal(spec: StructuredSpec) -> InvalidRequestError | None:
-    try:
-        check_structured(spec)
-    except InvalidRequestError as exc:
-        return exc
-    return None
+    async def _refusal(self, spec: StructuredSpec) -> InvalidRequestError | None:
+        try:
+            await self._check(spec)
+        except InvalidRequestError as exc:
+            return exc
+        return None
 
 
 def _client_error(

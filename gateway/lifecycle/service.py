@@ -72,7 +72,8 @@ class RequestLifecycle:
         self.engine = engine
         self._quotas = quotas
         self.books = books
-        self._grammars = GrammarChecks()
+        # through self.engine, which tests may wrap after construction
+        self._grammars = GrammarChecks(lambda spec: self.engine.check_constraint(spec))
         self._runs: set[Run] = set()
         self.is_draining = False
         self._drain_task: asyncio.Task[None] | None = None

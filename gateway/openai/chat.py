@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.protocol import SSE_DONE, sse_json
-from gateway.lifecycle.job import EngineTarget, Plan, Planner, reserve_tokens
+from gateway.lifecycle.job import EngineTarget, Plan, Planner
 from gateway.openai.render import JSON, chat_logprobs
 from gateway.openai.schemas import BodyJob, ChatCompletionRequest, text_sampling
 from gateway.openai.structured import body_constraint
@@ -70,12 +70,7 @@ class ChatJob(BodyJob):
             want_logprobs=params.logprobs is not None,
             stream=body.stream,
         )
-        return Plan(
-            requests=planner.engine_requests([prompt], params, target),
-            reserve_tokens=reserve_tokens([prompt], params),
-            output=output,
-            grammar_param=sampling.constraint_param,
-        )
+        return sampling.plan(planner, target, [prompt], output)
 
 
 class ChatRenderer:

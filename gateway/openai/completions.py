@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.protocol import SSE_DONE, sse_json
-from gateway.lifecycle.job import EngineTarget, Plan, Planner, reserve_tokens
+from gateway.lifecycle.job import EngineTarget, Plan, Planner
 from gateway.openai.render import JSON, LegacyLogprobs
 from gateway.openai.schemas import BodyJob, CompletionRequest, text_sampling
 from gateway.openai.structured import body_constraint
@@ -60,12 +60,7 @@ class CompletionJob(BodyJob):
             want_logprobs=params.logprobs is not None,
             stream=body.stream,
         )
-        return Plan(
-            requests=planner.engine_requests(prompts, params, target),
-            reserve_tokens=reserve_tokens(prompts, params),
-            output=output,
-            grammar_param=sampling.constraint_param,
-        )
+        return sampling.plan(planner, target, prompts, output)
 
 
 def _prompts(planner: Planner, body: CompletionRequest) -> list[list[int]]:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from gateway.errors import UnsupportedField
-from gateway.lifecycle.job import EngineTarget, Plan, Planner, reserve_tokens
+from gateway.lifecycle.job import EngineTarget, Plan, Planner
 from gateway.openai.responses_render import JSON, ResponseOutput, ResponseRenderer
 from gateway.openai.schemas import BodyJob, SamplingFields, text_sampling
 from gateway.openai.structured import Constraint, ResponseFormat, json_schema_constraint
@@ -163,12 +163,7 @@ class ResponsesJob(BodyJob):
             include_stop=sampling.include_stop,
             stream=body.stream,
         )
-        return Plan(
-            requests=planner.engine_requests([prompt], sampling.params, target),
-            reserve_tokens=reserve_tokens([prompt], sampling.params),
-            output=output,
-            grammar_param=sampling.constraint_param,
-        )
+        return sampling.plan(planner, target, [prompt], output)
 
 
 # ---- input -> chat messages -------------------------------------------------------------------

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from engine.protocol import INT64_MAX, INT64_MIN, GenerateSamplingParams
 from gateway.errors import ContextLengthExceeded, UnsupportedField
-from gateway.lifecycle.job import Planner
+from gateway.lifecycle.job import EngineTarget, Output, Plan, Planner, reserve_tokens
 from gateway.openai.structured import Constraint, with_whitespace
 from tenancy.errors import BadRequest
 
@@ -290,6 +290,17 @@ class TextSampling:
     include_stop: bool
     # the client's name for the engine's structured_outputs parameters (lifecycle/grammars.py)
     constraint_param: Callable[[str], str] | None = None
+
+    def plan(
+        self, planner: Planner, target: EngineTarget, prompts: list[list[int]], output: Output
+    ) -> Plan:
+        """One engine request per prompt with these params, and what admission reserves."""
+        return Plan(
+            requests=planner.engine_requests(prompts, self.params, target),
+            reserve_tokens=reserve_tokens(prompts, self.params),
+            output=output,
+            grammar_param=self.constraint_param,
+        )
 
 
 def text_sampling(

@@ -4,6 +4,7 @@ lowers its own priority once llguidance's GIL-held parse is behind it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -77,3 +78,37 @@ def test_a_compile_thread_lowers_itself_after_the_parse(tiny_model_dir: Path) ->
         thread.start()
         thread.join()
     assert seen == {"big": min(start + 3, 19), "small": start}
+
+
+def test_the_engine_yields_a_core_while_a_grammar_compiles(tiny_model_dir: Path) -> None:
+    """With every core in the step, a compile thread delays one of them at each barrier (long
+    steps); so while one runs, the step takes one thread fewer, and all of them back after."""
+    import torch
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), num_kv_blocks=64, threads=2))
+    gate, entered = threading.Event(), threading.Event()
+    build = engine.grammars._build
+
+    def held_build(spec, lower=0):  # type: ignore[no-untyped-def]
+        entered.set()
+        gate.wait(timeout=60)
+        return build(spec, lower)
+
+    engine.grammars._build = held_build  # type: ignore[method-assign]
+    spec = _spec(json={"type": "integer"}, disable_any_whitespace=True)
+    compiling = threading.Thread(target=lambda: asyncio.run(engine.grammars.compile_async(spec)))
+    compiling.start()
+    try:
+        assert entered.wait(timeout=60)
+        assert engine.grammars.num_compiling == 1
+        engine.step()
+        assert torch.get_num_threads() == 1
+    finally:
+        gate.set()
+        compiling.join()
+    assert engine.grammars.num_compiling == 0
+    engine.step()
+    assert torch.get_num_threads() == 2

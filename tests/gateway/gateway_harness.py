@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from engine.protocol import GenerateRequest
+from engine.protocol import GenerateRequest, StructuredSpec
 from gateway.app import create_app
 from gateway.engines.api import EngineClient, EngineStream
 from gateway.policy import AdapterRef
@@ -87,6 +87,9 @@ class RecordingClient:
 
     def start_unload(self, engine_name: str) -> None:
         self.inner.start_unload(engine_name)
+
+    async def check_constraint(self, spec: StructuredSpec) -> None:
+        await self.inner.check_constraint(spec)
 
     async def check_ready(self) -> dict[str, bool]:
         return await self.inner.check_ready()
