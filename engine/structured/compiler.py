@@ -6,10 +6,12 @@ lazily, token by token, inside its per-step limits. So:
 
 - `compile_async` (AsyncEngine.add_request, before the request reaches the loop) runs a cache
   miss on a thread of its own while the loop keeps stepping; the request waits for its grammar
-  outside the scheduler, holding no batch slot. llguidance first parses the grammar document
+  outside the scheduler, holding no batch slot. `num_compiling` counts these threads: the engine
+  steps on one thread fewer while it is positive, so a compile has a core of its own
+  (LLMEngine._yield_core_to_compiles). llguidance first parses the grammar document
   holding the GIL (~8 ms a megabyte), then builds without it: the thread starts at the loop's
-  priority and lowers itself (`compile_nice`) once that parse is behind it, so the long part
-  takes CPU from the step's threads only where they leave it. Lowered from the start, the
+  priority and lowers itself (`compile_nice`) once that parse is behind it, so where no core can
+  be yielded (a one-thread engine) the long part takes CPU only where the step leaves it. Lowered from the start, the
   thread was descheduled while it held the GIL and the loop waited on it: steps of 70-200 ms
   against 11 ms (bench/RESULTS.md, structured outputs). A Linux thread cannot raise its
   priority back, so each compile runs on a fresh thread; `num_workers` bounds how many run.
