@@ -11,10 +11,11 @@ lazily, token by token, inside its per-step limits. So:
   (LLMEngine._yield_core_to_compiles). llguidance first parses the grammar document
   holding the GIL (~8 ms a megabyte), then builds without it: the thread starts at the loop's
   priority and lowers itself (`compile_nice`) once that parse is behind it, so where no core can
-  be yielded (a one-thread engine) the long part takes CPU only where the step leaves it. Lowered from the start, the
-  thread was descheduled while it held the GIL and the loop waited on it: steps of 70-200 ms
-  against 11 ms (bench/RESULTS.md, structured outputs). A Linux thread cannot raise its
-  priority back, so each compile runs on a fresh thread; `num_workers` bounds how many run.
+  be yielded (a one-thread engine) the long part takes CPU only where the step leaves it.
+  Lowered from the start, the thread was descheduled while it held the GIL and the loop waited
+  on it: steps of 70-200 ms against 11 ms (bench/RESULTS.md, structured outputs). A Linux
+  thread cannot raise its priority back, so each compile runs on a fresh thread; `num_workers`
+  bounds how many run.
 - A compile that llguidance's limits refuse (`LLParserLimits`: grammar size, lexer fuel) or that
   outlives `compile_timeout_s` fails that request alone: InvalidRequestError naming the field.
   A timed-out compile still finishes in the background (native code cannot be interrupted);
