@@ -145,10 +145,12 @@ def test_vllm_gets_the_same_prompts_sampling_and_schemas(
     json.dumps(sent)  # it travels over a pipe
 
 
-def test_vllm_runs_guidance_with_compact_json(bench: SimpleNamespace, sw: ModuleType) -> None:
+def test_vllm_runs_guidance_with_compact_json(
+    bench: SimpleNamespace, sw: ModuleType, tiny_model_dir: Path
+) -> None:
     sv = bench.structured_vllm
     requests = sw.make_requests(8, fake_render, sampled=False)
-    settings = sv.settings_for(Path(".cache/models/tiny"), "bfloat16", requests, 64, 2048)
+    settings = sv.settings_for(tiny_model_dir, "bfloat16", requests, 64, 2048)
     assert settings.max_model_len == max(len(r.prompt_token_ids) for r in requests) + 320
     kwargs = sv.structured_kwargs(settings, Path("m"))
     assert kwargs["structured_outputs_config"] == {

@@ -26,7 +26,8 @@ VALUES = {
     "enable_lora": "true", "lora_pool_memory_gb": "0.5", "max_loras": "2", "max_cpu_loras": "3",
     "max_lora_rank": "32", "threads": "3", "enforce_eager": "false", "compile_cache_dir": "/tmp/c",
     "prepack_weights": "false", "fused_layer_ops": "false", "native_matmul": "off",
-    "native_decode_step": "false",
+    "native_decode_step": "false", "grammar_cache_entries": "8",
+    "grammar_compile_timeout_s": "3.5", "grammar_compile_nice": "0",
 }  # fmt: skip
 
 
