@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError
 from gateway.errors import UnsupportedField
 from gateway.lifecycle.job import EngineTarget, Plan, Planner
 from gateway.openai.responses_render import JSON, ResponseOutput, ResponseRenderer
-from gateway.openai.schemas import BodyJob, SamplingFields, text_sampling
+from gateway.openai.schemas import BodyJob, Int64, SamplingFields, text_sampling
 from gateway.openai.structured import Constraint, ResponseFormat, json_schema_constraint
 from gateway.openai.tools import ToolPlan, tool_plan
 from tenancy.errors import BadRequest, ClientError
@@ -53,7 +53,7 @@ class ResponsesRequest(SamplingFields):
 
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: Int64 | None = None
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     text: dict[str, Any] | None = None
     tools: Any = None
@@ -66,9 +66,9 @@ class ResponsesRequest(SamplingFields):
     conversation: Any = None
     background: bool | None = None
     prompt: Any = None
-    max_tool_calls: int | None = None
+    max_tool_calls: Int64 | None = None
     context_management: Any = None
-    top_logprobs: int | None = None
+    top_logprobs: Int64 | None = None
     include: list[str] | None = None
 
     def check_supported(self) -> None:

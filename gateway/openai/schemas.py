@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
@@ -29,6 +29,11 @@ from gateway.openai.structured import Constraint, with_whitespace
 from tenancy.errors import BadRequest
 
 MAX_STRING_CHARS = 1 << 20  # one message, prompt or stop string (the body limit bounds the sum)
+# Every integer field: the engine's range (signed 64-bit). Past it a value is a 400 naming the
+# field, never clamped or dropped (a priority of 2**70 was clamped into the tier's band, a
+# top_k of 2**70 disabled top-k: both answered 200).
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+TokenId = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)]
 
 
 class StreamOptions(BaseModel):
@@ -43,12 +48,12 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str = Field(min_length=1, max_length=256)
-    max_tokens: int | None = None
+    max_tokens: Int64 | None = None
     temperature: float | None = None
     top_p: float | None = None
-    n: int = 1
+    n: Int64 = 1
     stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)  # the engine's range
+    seed: Int64 | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
@@ -56,14 +61,14 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
     # vLLM extras
-    top_k: int | None = None
+    top_k: Int64 | None = None
     min_p: float | None = None
-    min_tokens: int = 0
+    min_tokens: Int64 = 0
     repetition_penalty: float | None = None
     ignore_eos: bool = False
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
-    priority: int | None = None
+    priority: Int64 | None = None
     # Output constraints (structured.py): OpenAI's, then vLLM's.
     response_format: Any = None
     structured_outputs: Any = None
@@ -129,9 +134,9 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int64 | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Int64 | None = None
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -208,11 +213,11 @@ def _text_content(content: str | list[dict[str, Any]] | None, i: int) -> str:
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: Int64 | None = None
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Int64 | None = None
     # chat's alone: refused here rather than ignored
     tools: Any = None
     tool_choice: Any = None
