@@ -173,11 +173,6 @@ class LLMEngine:
         request.sampling_params.validate(vocab_size=self.vocab_size)
         if not INT64_MIN <= request.priority <= INT64_MAX:
             raise InvalidRequestError("priority must be a signed 64-bit integer", param="priority")
-        if self.config.policy == "fcfs" and request.priority != 0:
-            raise InvalidRequestError(
-                "priority must be 0 when the engine runs the fcfs scheduling policy",
-                param="priority",
-            )
         self._resolve_adapter(request)
 
     def _resolve_adapter(self, request: EngineRequest) -> AdapterId | None:

@@ -115,7 +115,6 @@ def engine_limits(engine: AsyncEngine) -> EngineLimits:
         vocab_size=engine.vocab_size,
         max_model_len=engine.max_model_len,
         base_model_name=engine.model_name,
-        policy=engine.config.policy,
     )
 
 

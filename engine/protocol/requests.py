@@ -12,7 +12,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from engine.config import SchedulingPolicy
 from engine.errors import InvalidRequestError
 from engine.request import EngineRequest, RequestId
 from engine.sampling_params import SamplingParams
@@ -99,7 +98,6 @@ class EngineLimits:
     vocab_size: int
     max_model_len: int
     base_model_name: str
-    policy: SchedulingPolicy
 
 
 # ---- parsing ---------------------------------------------------------------------------------
@@ -235,10 +233,6 @@ def to_engine_request(request: GenerateRequest, limits: EngineLimits) -> EngineR
         )
     _check_token_ids(request.token_ids, limits.vocab_size)
     num_prompt_tokens = len(request.token_ids)
-    if request.priority != 0 and limits.policy == "fcfs":
-        raise InvalidRequestError(
-            "priority must be 0 when the engine runs the fcfs scheduling policy", param="priority"
-        )
     params = to_sampling_params(request.sampling_params, vocab_size=limits.vocab_size)
     room = limits.max_model_len - num_prompt_tokens
     if room < 1:

@@ -106,7 +106,6 @@ class InProcessEngineClient:
             vocab_size=engine.vocab_size,
             max_model_len=engine.max_model_len,
             base_model_name=engine.model_name,
-            policy=engine.config.policy,
         )
 
     @classmethod

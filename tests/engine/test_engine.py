@@ -99,13 +99,15 @@ def test_preempted_request_finishes_with_the_same_greedy_tokens(tiny_model_dir):
         assert len(tight.tokens_of(f"r{i}")) == 40
 
 
-def test_fcfs_policy_rejects_non_zero_priority(tiny_model_dir):
-    engine = make_engine(tiny_model_dir, policy="fcfs")
-    with pytest.raises(InvalidRequestError) as err:
-        engine.add_request(request("p", [1, 2, 3], priority=3))
-    assert err.value.param == "priority" and err.value.status_code == 400
-    engine.add_request(request("ok", [1, 2, 3], priority=0))
-    assert run_to_completion(engine).tokens_of("ok")
+def test_fcfs_policy_takes_priorities_and_serves_in_arrival_order(tiny_model_dir):
+    """Under fcfs a priority is accepted and has no effect: one running slot, the later (and
+    more urgent, lower) priority still waits for the earlier request."""
+    engine = make_engine(tiny_model_dir, policy="fcfs", max_num_seqs=1)
+    engine.add_request(request("first", [1, 2, 3], priority=5, max_tokens=4))
+    engine.add_request(request("urgent", [4, 5, 6], priority=-5, max_tokens=4))
+    done = run_to_completion(engine)
+    assert done.tokens_of("first") and done.tokens_of("urgent")
+    assert done.finish_step["first"] < done.first_token_step["urgent"]
 
 
 def test_fairness_light_tenant_finishes_before_heavy_tenants_twelfth(tiny_model_dir):

@@ -20,10 +20,7 @@ from engine.request import RequestId
 from engine.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
 
 VOCAB = 4096
-LIMITS = EngineLimits(
-    vocab_size=VOCAB, max_model_len=256, base_model_name="base", policy="priority"
-)
-FCFS = EngineLimits(vocab_size=VOCAB, max_model_len=256, base_model_name="base", policy="fcfs")
+LIMITS = EngineLimits(vocab_size=VOCAB, max_model_len=256, base_model_name="base")
 
 
 def body(**fields: Any) -> dict[str, Any]:
@@ -231,11 +228,12 @@ def test_unknown_sampling_param_is_named():
     assert "sampling_params.tempratur" in error.message
 
 
-def test_fcfs_refuses_any_nonzero_priority():
-    assert rejected(body(priority=1), FCFS).param == "priority"
-    assert rejected(body(priority=-1), FCFS).param == "priority"
-    assert convert(body(priority=0), FCFS).priority == 0
-    assert convert(body(priority=3), LIMITS).priority == 3
+def test_any_priority_is_taken_whatever_the_policy():
+    """The wire takes any priority: an fcfs engine ignores it (its scheduler orders by arrival
+    alone: tests/engine/test_engine.py), so a gateway that sends tier priorities works in front
+    of it."""
+    assert convert(body(priority=1)).priority == 1
+    assert convert(body(priority=-1)).priority == -1
 
 
 def test_int64_bounds_are_accepted():

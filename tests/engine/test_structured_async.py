@@ -286,7 +286,6 @@ async def _submit_body(engine: AsyncEngine, schema: dict[str, Any]) -> Answer:
         vocab_size=engine.vocab_size,
         max_model_len=engine.max_model_len,
         base_model_name=engine.model_name,
-        policy=engine.config.policy,
     )
     req = to_engine_request(parse_generate_request(json.dumps(body)), limits)
     return await generate(engine, req)

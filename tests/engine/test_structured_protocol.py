@@ -26,7 +26,7 @@ from engine.protocol import (
 from engine.structured import spec as spec_module
 from engine.structured.spec import MAX_JSON_DEPTH
 
-LIMITS = EngineLimits(vocab_size=4096, max_model_len=256, base_model_name="base", policy="fcfs")
+LIMITS = EngineLimits(vocab_size=4096, max_model_len=256, base_model_name="base")
 PARAM = "sampling_params.structured_outputs"
 SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
 TAG = {
