@@ -87,8 +87,8 @@ def _created_key(a: argparse.Namespace, data: dict[str, Any]) -> None:
         render.as_json(data)
         return
     render.note("API key (shown once; store it now):")
-    sys.stdout.write(data["key"] + "\n")  # stdout alone carries it, for `| pass insert`
-    render.record(data, KEY)
+    sys.stdout.write(data["key"] + "\n")  # stdout carries it alone, for `key=$(...)`
+    render.record(data, KEY, stderr=True)
 
 
 def keys_list(c: AdminClient, a: argparse.Namespace) -> None:

@@ -20,6 +20,8 @@ def as_json(data: Any) -> None:
 def _cell(value: Any) -> str:
     if value is None:
         return "—"
+    if isinstance(value, float):
+        return f"{value:,.1f}"  # seconds to a reset, rates: 0.1 is enough for a person
     if isinstance(value, list):
         return ", ".join(str(v) for v in value) or "—"
     if isinstance(value, dict):
@@ -29,8 +31,15 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def table(rows: Sequence[dict[str, Any]], columns: Sequence[Column], *, title: str = "") -> None:
-    console = Console(soft_wrap=False)
+def table(
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[Column],
+    *,
+    title: str = "",
+    stderr: bool = False,
+) -> None:
+    """`stderr`: for the person while stdout carries something for a pipe (a new key)."""
+    console = Console(soft_wrap=False, stderr=stderr)
     out = Table(title=title or None, show_lines=False, header_style="bold")
     for field, header in columns:
         numeric = any(isinstance(r.get(field), int | float) for r in rows)
@@ -42,9 +51,9 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[Column], *, title: s
         console.print("(none)")
 
 
-def record(data: dict[str, Any], columns: Sequence[Column]) -> None:
+def record(data: dict[str, Any], columns: Sequence[Column], *, stderr: bool = False) -> None:
     table([{"field": header, "value": _cell(data.get(f))} for f, header in columns],
-          [("field", "field"), ("value", "value")])  # fmt: skip
+          [("field", "field"), ("value", "value")], stderr=stderr)  # fmt: skip
 
 
 def note(text: str) -> None:

@@ -104,7 +104,9 @@ def test_keys(cli: Cli) -> None:
     code, out, err = cli.run("keys", "create", tenant, "ci", "--scope", "inference",
                              "--expires-at", "2099-01-01T00:00:00")  # fmt: skip
     assert code == 0 and "shown once" in err
-    key = out.splitlines()[0]
+    key = out.strip()
+    assert out == key + "\n"  # the key alone on stdout: `key=$(loragate admin keys create ...)`
+    assert "last 4" in err  # the key's record, for the person, on stderr
     cli.gateway.secrets.append(key)
     assert key.startswith("lg_") and len(key) > 40
     r = httpx.get(cli.gateway.base_url + "/models", headers={"authorization": f"Bearer {key}"})
@@ -147,6 +149,9 @@ def test_quotas(cli: Cli) -> None:
     assert cli.json("quotas", "state", tenant, "--key", key["id"])["has_own_policy"]
     code, out, _ = cli.run("quotas", "state", tenant)
     assert code == 0 and "requests_per_minute" in out and "1,000" in out
+    # seconds to a reset to a tenth, never a raw float's 15 digits
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    assert rows and not any(re.search(r"\d\.\d{3,}", row) for row in rows), out
 
 
 def _adapter_dir(tiny_model_dir: Path, target: Path, **config: Any) -> Path:
