@@ -122,7 +122,15 @@ def quotas_get(c: AdminClient, a: argparse.Namespace) -> None:
 
 
 def quotas_set(c: AdminClient, a: argparse.Namespace) -> None:
-    body = {field: getattr(a, field) for field, _ in LIMITS}
+    """The limits given change; the others keep their values (read first: an edit another
+    admin makes in between is overwritten for the fields read), or with --replace become
+    unlimited."""
+    given = {field: getattr(a, field) for field, _ in LIMITS if hasattr(a, field)}
+    if a.replace:
+        body = {field: given.get(field) for field, _ in LIMITS}
+    else:
+        current = c.call("GET", _quota_path(a, "quotas"))
+        body = {field: current.get(field) for field, _ in LIMITS} | given
     _show(a, c.call("PUT", _quota_path(a, "quotas"), json=body), LIMITS)
 
 

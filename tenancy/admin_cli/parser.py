@@ -89,7 +89,12 @@ def add_rest_commands(admin: Any) -> None:
     )
     for verb, handler, text in (
         ("get", c.quotas_get, "a tenant's (or --key's) quota policy"),
-        ("set", c.quotas_set, "replace the policy; a limit not given is unlimited"),
+        (
+            "set",
+            c.quotas_set,
+            "change the limits given, keep the others (--replace: a limit "
+            "not given becomes unlimited)",
+        ),
         ("state", c.quotas_state, "live state from the quota store: used, remaining, resets"),
     ):
         p = _command(quotas, verb, handler, text, common)
@@ -100,8 +105,11 @@ def add_rest_commands(admin: Any) -> None:
                                 ("max_concurrent", "--concurrent"),
                                 ("daily_token_budget", "--daily-tokens"),
                                 ("monthly_token_budget", "--monthly-tokens")):  # fmt: skip
-                p.add_argument(flag, dest=field, type=_limit, default=None,
+                # absent when not given: `set` keeps that limit (merge) unless --replace
+                p.add_argument(flag, dest=field, type=_limit, default=argparse.SUPPRESS,
                                metavar="N|unlimited")  # fmt: skip
+            p.add_argument("--replace", action="store_true",
+                           help="set every limit: one not given becomes unlimited")  # fmt: skip
 
     adapters = admin.add_parser("adapters", help="LoRA adapters").add_subparsers(
         dest="verb", required=True

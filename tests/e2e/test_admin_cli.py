@@ -130,6 +130,13 @@ def test_quotas(cli: Cli) -> None:
     assert policy["requests_per_minute"] == 5 and policy["daily_token_budget"] == 1000
     assert policy["max_concurrent"] is None
     assert cli.json("quotas", "get", tenant) == policy
+    # a limit not given keeps its value (it became unlimited before)
+    merged = cli.json("quotas", "set", tenant, "--tpm", "100")
+    assert (merged["requests_per_minute"], merged["daily_token_budget"]) == (5, 1000)
+    assert merged["tokens_per_minute"] == 100
+    replaced = cli.json("quotas", "set", tenant, "--replace", "--rpm", "5", "--daily-tokens",
+                        "1000")  # fmt: skip
+    assert replaced == policy
     key = cli.json("keys", "create", tenant, "app")
     cli.gateway.secrets.append(key["key"])
     key_policy = cli.json("quotas", "set", tenant, "--key", key["id"], "--rpm", "3")
