@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 MODEL_DIR ?= .cache/models
+PORT ?= 8000
 PYTEST_ARGS ?=
 
 .PHONY: install run test browser-deps test-slow test-chaos test-gpu test-vllm vllm-venv lint format bench bench-quick engine clean
@@ -30,9 +31,10 @@ $(MODEL_DIR)/small/config.json: | $(STAMP)
 
 # The demo (the README's main command): the tiny model and two demo adapters, a SQLite database
 # with a demo tenant and key (printed once), then the gateway with the in-process engine on
-# 127.0.0.1:8000. It prints a curl line and an OpenAI SDK snippet that work as printed.
+# 127.0.0.1:8000 (`make run PORT=8001` for another). It prints a curl line and an OpenAI SDK
+# snippet that work as printed. A port in use stops it before anything changes.
 run: $(STAMP) $(MODEL_DIR)/tiny/config.json
-	$(BIN)/loragate demo --model $(MODEL_DIR)/tiny --dir .cache/demo --host 127.0.0.1 --port 8000
+	$(BIN)/loragate demo --model $(MODEL_DIR)/tiny --dir .cache/demo --host 127.0.0.1 --port $(PORT)
 
 # The engine alone on the tiny model.
 engine: $(STAMP) $(MODEL_DIR)/tiny/config.json

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -190,9 +191,26 @@ Admin CLI, over the REST API (the key from the environment, never an argument):
 """
 
 
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def _demo(args: argparse.Namespace) -> int:
     if not (args.model / "config.json").is_file():
         print(f"no model at {args.model}; run `loragate make-model {args.model}`", file=sys.stderr)
+        return 2
+    if not args.no_serve and not _port_is_free(args.host, args.port):
+        # checked first: a start mints a new demo key and revokes the one in use
+        print(
+            f"{args.host}:{args.port} is in use (a demo already running keeps its key); stop it, "
+            f"or serve on another port: `make run PORT=8001` (`--port` here)",
+            file=sys.stderr,
+        )
         return 2
     settings = demo_settings(args.model, args.dir)
     if settings is None or not metrics_guarded(settings, args.host):

@@ -158,6 +158,27 @@ def test_a_restart_revokes_only_the_previous_demo_key(demo: Demo) -> None:
     assert models(demo.operator_key) == 200  # an operator's key of the demo tenant survives
 
 
+def test_a_second_demo_on_the_busy_port_leaves_the_running_one_alone(
+    demo: Demo, tiny_model_dir: Path
+) -> None:
+    """`make run` again while the demo serves: a clear message, nothing changed (before, it
+    revoked the running demo's key and then failed on the port)."""
+    base = _block(demo.banner, "Or with the OpenAI SDK (Python):").split('base_url="')[1]
+    base = base.split('"')[0]
+    port = base.split(":")[2].split("/")[0]
+    key = _block(demo.banner, "shown once").split()[-1]
+    second = subprocess.run(
+        [str(BIN / "loragate"), "demo", "--model", str(tiny_model_dir),
+         "--dir", str(demo.err_path.parent), "--port", port],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert second.returncode == 2
+    assert f"127.0.0.1:{port} is in use" in second.stderr and "PORT=" in second.stderr
+    assert "shown once" not in second.stdout  # no new key
+    r = httpx.get(base + "/models", headers={"authorization": f"Bearer {key}"}, timeout=30)
+    assert r.status_code == 200  # the running demo's key still works
+
+
 def test_admin_bootstrap_with_dir_uses_the_demo_state(demo: Demo) -> None:
     base = _block(demo.banner, "Or with the OpenAI SDK (Python):").split('base_url="')[1]
     root = base.split('"')[0].removesuffix("/v1")
