@@ -17,7 +17,7 @@ from measurement import SystemResult
 from workload import BenchRequest
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.loop.llm_engine import LLMEngine
 from engine.request import EngineRequest, RequestId
 from engine.sampling_params import SamplingParams
 
@@ -28,7 +28,7 @@ class EngineSettings:
     max_num_batched_tokens: int
     num_kv_blocks: int
     block_size: int = 16
-    prepack_weights: bool = True  # the engine's default (engine/packed_linear.py)
+    prepack_weights: bool = True  # the engine's default (engine/step/packed_linear.py)
 
 
 @dataclass(frozen=True)

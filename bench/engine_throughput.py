@@ -35,7 +35,7 @@ from report import Row, format_table, load_average, system_row, warn_if_busy, wr
 from workload import BenchRequest, make_workload, summarize, token_pool
 
 from engine.models.hf_config import load_model_config
-from kernels import onednn
+from kernels.cpu import onednn
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 T = TypeVar("T")
@@ -228,7 +228,7 @@ def measure(
           flush=True)  # fmt: skip
     # Where oneDNN has no bf16 kernels (AVX2), PyTorch's bf16 matmul is a slow fallback loop
     # (minutes at n = 4096) and the engine's bf16 matmuls run on float32 FMAs
-    # (kernels/cpu_fma_tile.h): float32's peak is the machine's there.
+    # (kernels/cpu/native/fma_tile.h): float32's peak is the machine's there.
     peak_dtype = torch_dtype
     if torch_dtype is torch.bfloat16 and not onednn.has_bf16():
         peak_dtype = torch.float32

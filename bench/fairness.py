@@ -15,7 +15,7 @@ every ~61 steps, so the light tenant waits for the end of the wave it arrived in
 
 Aging (`aging`): priority-0 newcomers arrive, 3 per step from 4 tenants, more than 16 seats
 serve (outputs of 8 tokens, 16 per 8 steps); at step 32 one priority-4 request arrives. The
-bound engine/scheduler.py documents: after (p - q + 1) * aging_steps = 320 steps it outranks
+bound engine/scheduling/scheduler.py documents: after (p - q + 1) * aging_steps = 320 steps it outranks
 every newcomer; from then on only the wave running and the requests waiting at that step can be
 ahead of it. The benchmark records that backlog, computes the bound from it, and checks the
 wait; the same run with aging off (aging_steps = 2**30) shows the request starved.

@@ -47,10 +47,10 @@ BODY = {"token_ids": list(range(100, 132)), "sampling_params": {"max_tokens": 8,
 async def bootstrap(env: dict[str, str]) -> str:
     """Migrate the gateway's database and create its first admin key (what `loragate admin
     bootstrap` does), in this process: a CLI process per gateway costs seconds of start-up."""
-    from tenancy.bootstrap import bootstrap_admin
-    from tenancy.db import make_engine, make_sessionmaker
-    from tenancy.keys import KeyMinter
-    from tenancy.migrate import upgrade
+    from tenancy.auth.bootstrap import bootstrap_admin
+    from tenancy.auth.key_format import KeyMinter
+    from tenancy.sql.migrate import upgrade
+    from tenancy.sql.session import make_engine, make_sessionmaker
 
     engine = make_engine(env["LORAGATE_DATABASE_URL"])
     try:

@@ -254,7 +254,7 @@ def measure(
     idle_waits: list[float] = []
     try:
         # One start-up at a time: loragate times its kernels against oneDNN at start-up
-        # (engine/native_matmul.py), and beside vLLM's load and compile those timings lose
+        # (engine/step/native_matmul.py), and beside vLLM's load and compile those timings lose
         # (an AVX2 EPYC's run chose PyTorch's bf16 loop: TTFT 1.1 s instead of 0.2).
         wait_healthy(servers[0])
         print_startup_choices(servers[0])

@@ -18,7 +18,7 @@ from peft_baseline import timed
 from workload import BenchRequest
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.loop.llm_engine import LLMEngine
 from engine.request import EngineRequest, RequestId
 from engine.sampling_params import SamplingParams
 

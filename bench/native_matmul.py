@@ -5,7 +5,7 @@
 Every linear of the model (the projections of each layer and the lm_head), packed as the engine
 packs them, run once each as a step runs them (each weight distinct, so at a few rows each
 streams from memory): through `mkldnn::_linear_pointwise` (oneDNN, what PyTorch and vLLM's CPU
-backend run) and through kernels/cpu_matmul.cpp (engine/native_matmul.py: the engine's choice
+backend run) and through kernels/cpu/native/matmul.cpp (engine/step/native_matmul.py: the engine's choice
 where a start-up timing finds it as fast). Rounds interleave the two; the median of the rounds
 is reported, with the weight bytes and FLOP/s over that time. Needs a CPU where the kernel has
 the dtype's instructions; elsewhere it says so and exits 0 without rows.
@@ -23,11 +23,11 @@ import torch
 from plan import ensure_model
 from report import machine_info
 
-from engine.llm_engine import LLMEngine
-from engine.native_matmul import matmul_steps
-from engine.packed_linear import PackedLinear, can_pack, pack_linears
+from engine.loop.llm_engine import LLMEngine
 from engine.settings import EngineSettings
-from kernels.cpu_matmul import native_matmul
+from engine.step.native_matmul import matmul_steps
+from engine.step.packed_linear import PackedLinear, can_pack, pack_linears
+from kernels.cpu.matmul import native_matmul
 
 ROWS = (1, 2, 4, 8, 64, 512)
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}

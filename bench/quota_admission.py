@@ -36,9 +36,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tenancy.ids import RequestId
-from tenancy.quota_memory import InProcessQuotaStore
-from tenancy.quota_redis import RedisQuotaStore
-from tenancy.quotas import QuotaLimits, QuotaStore, QuotaSubject
+from tenancy.quota.memory_store import InProcessQuotaStore
+from tenancy.quota.redis_store import RedisQuotaStore
+from tenancy.quota.store import QuotaLimits, QuotaStore, QuotaSubject
 from tenancy.redis_client import make_redis
 
 BIG = 10**12

@@ -73,11 +73,11 @@ class Tracer:
 
 
 async def _tenant_key(state: Any) -> str:
+    from tenancy.auth.principal import AuditContext, Principal
+    from tenancy.auth.scopes import Scope
     from tenancy.crud.keys import create_key
     from tenancy.crud.tenants import create_tenant
-    from tenancy.principal import AuditContext, Principal
     from tenancy.schemas import ApiKeyCreate, TenantCreate
-    from tenancy.scopes import Scope
 
     runtime = state.tenancy
     ctx = AuditContext(

@@ -15,13 +15,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.outputs import FinishReason
 from engine.request import EngineRequest, RequestId
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.scheduling.block_manager import BlockManager
+from engine.scheduling.scheduler import Scheduler
+from engine.scheduling.sequence import Sequence
 from lora.cache import AdapterCache
 from lora.registry import AdapterId
 

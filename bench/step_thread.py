@@ -1,9 +1,9 @@
 """Does stepping the engine from a worker thread cost time? One request, 64 greedy decode steps.
 
     python bench/step_thread.py --model .cache/models/small --threads 2
-    python bench/step_thread.py --no-prepack   # plain F.linear weights (engine/packed_linear.py)
+    python bench/step_thread.py --no-prepack   # plain F.linear weights (engine/step/packed_linear.py)
 
-The gateway's in-process engine steps `LLMEngine` on a thread of its own (engine/async_engine.py);
+The gateway's in-process engine steps `LLMEngine` on a thread of its own (engine/loop/async_engine.py);
 `loragate engine` (since session 5) and bench/engine_throughput.py step it on the main thread. This
 times the same decode steps (128-token prompt, batch 1) on the main thread, then on a worker
 thread while the main thread waits in `join`, then while it idles in an asyncio loop, and prints
@@ -11,7 +11,7 @@ the median step of each. Seen on the 2-core AMD EPYC box (issue 14, session 4): 
 main thread against 31-38 ms on a worker at 2 threads, the same at 1 thread; OMP_WAIT_POLICY,
 OMP_PROC_BIND, KMP_BLOCKTIME, MALLOC_ARENA_MAX and torch.set_num_threads inside the worker
 changed nothing. It explained most of the gap between the step time and the HTTP engine's
-inter-token latency in bench/latency.py, hence engine/loop_on_main.py.
+inter-token latency in bench/latency.py, hence engine/loop/on_main.py.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 from plan import FULL, ensure_model
 from workload import BenchRequest
 
-from engine.llm_engine import LLMEngine
+from engine.loop.llm_engine import LLMEngine
 
 
 def request(index: int) -> BenchRequest:

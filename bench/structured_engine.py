@@ -22,7 +22,7 @@ from structured_workload import StructuredRequest
 from transformers import AutoTokenizer
 from workload import BenchRequest
 
-from engine.llm_engine import LLMEngine
+from engine.loop.llm_engine import LLMEngine
 from engine.request import EngineRequest, RequestId
 from engine.sampling_params import SamplingParams
 from engine.structured.spec import StructuredOutputsParams, StructuredSpec, to_structured_spec

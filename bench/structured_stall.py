@@ -28,7 +28,7 @@ from structured_workload import BIG_NUM_PROPERTIES, BIG_NUM_REQUIRED, big_schema
 from workload import BenchRequest
 
 from engine.errors import InvalidRequestError
-from engine.llm_engine import LLMEngine
+from engine.loop.llm_engine import LLMEngine
 from engine.request import EngineRequest, RequestId
 from engine.sampling_params import SamplingParams
 from engine.structured.matcher import CompiledGrammar

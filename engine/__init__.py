@@ -1,1 +1,3 @@
-"""Tokens-only inference engine: scheduler, paged KV cache, model runner, sampler, server."""
+"""Tokens-only inference engine. Rooms: `loop/` (the engine and the thread that owns it),
+`scheduling/` (what runs each step), `step/` (one forward pass), `sampling/` and `structured/`
+(tokens from logits), `protocol/` and `server.py` (vLLM's wire protocol over HTTP), `models/`."""

@@ -12,8 +12,8 @@ from engine.errors import InvalidRequestError
 from lora.registry import AdapterRecord, check_adapter_name
 
 if TYPE_CHECKING:
-    from engine.async_engine import AsyncEngine
-    from engine.llm_engine import LLMEngine
+    from engine.loop.async_engine import AsyncEngine
+    from engine.loop.llm_engine import LLMEngine
     from lora.manager import LoRAManager
 
 # How often an unload that waits for running requests looks again (seconds).

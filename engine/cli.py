@@ -107,7 +107,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def log_startup_choices() -> None:
     """Show the engine's start-up choices (native kernels or oneDNN, attention backends,
-    packed weights: engine/native_matmul.py and its neighbours log them at INFO, once each) on
+    packed weights: engine/step/native_matmul.py and its neighbours log them at INFO, once each) on
     stderr: which paths this machine got decides its speed, and an operator, or a benchmark
     reading the server's log, can see them. Per-request logging stays uvicorn's."""
     handler = logging.StreamHandler()

@@ -37,31 +37,31 @@ class EngineConfig:
     aging_steps: int = 64
     enable_prefix_caching: bool = True
     # Decode attention: "auto" times the backends at start-up on this machine (CPU; CUDA uses
-    # SDPA), or "native" / "matmul" / "sdpa" (engine/decode_backend.py).
+    # SDPA), or "native" / "matmul" / "sdpa" (engine/step/decode_backend.py).
     decode_attention: str = "auto"
     # Prefill attention on the CPU: "auto" times SDPA against two matmuls around the fused
-    # causal softmax at start-up (engine/prefill_backend.py), or "sdpa" / "matmul".
+    # causal softmax at start-up (engine/step/prefill_backend.py), or "sdpa" / "matmul".
     prefill_attention: str = "auto"
-    # Decode-only steps of the base model run a torch.compile'd forward (engine/compile_decode.py)
+    # Decode-only steps of the base model run a torch.compile'd forward (engine/step/compile_decode.py)
     # unless enforce_eager; inductor caches its artefacts in compile_cache_dir (None: its default
     # under the system's temporary directory), so a restart loads instead of compiling.
     enforce_eager: bool = True
     # CPU: linear weights reordered once into oneDNN's packed layout at load (bf16 where oneDNN
-    # has it, float32 where a start-up timing finds it faster: engine/packed_linear.py); off:
+    # has it, float32 where a start-up timing finds it faster: engine/step/packed_linear.py); off:
     # plain F.linear, the reference.
     prepack_weights: bool = True
     # CPU, bf16, packed weights: matmuls by a hand-written AVX512-BF16 (AMX where the CPU has
     # it) kernel instead of oneDNN
-    # (engine/native_matmul.py): "auto" times both at start-up (every step where the kernel keeps
+    # (engine/step/native_matmul.py): "auto" times both at start-up (every step where the kernel keeps
     # up, dropping oneDNN's copy; only small steps, over a second copy, where it wins only
     # there), "on" (every step), or "off".
     native_matmul: str = "auto"
     # CPU: each layer's RMSNorm (with its residual add), RoPE (with the K/V cache write),
     # SiLU-times-up and (where timed faster than SDPA) the causal softmax of prefill attention by
-    # fused C++ kernels (kernels/cpu_layer.py); off: PyTorch operators and SDPA.
+    # fused C++ kernels (kernels/cpu/layer.py); off: PyTorch operators and SDPA.
     fused_layer_ops: bool = True
     # CPU: a decode-only step of the base model runs its layers in one native call
-    # (engine/native_decoder.py) where every part of the step already runs native: the same
+    # (engine/step/native_decoder.py) where every part of the step already runs native: the same
     # kernels in the same order, so the same values; off: layer by layer from Python.
     native_decode_step: bool = True
     compile_cache_dir: str | None = None

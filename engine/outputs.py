@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from engine.request import RequestId
 
 if TYPE_CHECKING:
-    from engine.sequence import Sequence
+    from engine.scheduling.sequence import Sequence
 
 
 class FinishReason(StrEnum):

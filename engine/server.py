@@ -22,9 +22,9 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from engine import adapter_admin
-from engine.async_engine import AsyncEngine, RequestStream
 from engine.config import EngineConfig
 from engine.errors import EngineError
+from engine.loop.async_engine import AsyncEngine, RequestStream
 from engine.metrics import EngineMetrics
 from engine.outputs import FinishReason, RequestOutput
 from engine.protocol import (
@@ -363,10 +363,10 @@ def create_app(
 
 def serve(config: EngineConfig, *, host: str, port: int, admin_token: str | None) -> None:
     """Load the model, then serve until SIGINT/SIGTERM, draining on the way out. The engine loop
-    runs on this (the main) thread, HTTP on another (engine/loop_on_main.py)."""
+    runs on this (the main) thread, HTTP on another (engine/loop/on_main.py)."""
     import uvicorn
 
-    from engine.loop_on_main import serve_beside_loop
+    from engine.loop.on_main import serve_beside_loop
 
     engine = AsyncEngine.from_config(config, start_thread=False)
     app = create_app(engine, admin_token=admin_token)

@@ -20,7 +20,8 @@ from types import FrameType
 from fastapi import FastAPI
 
 from gateway.admin import admin_router
-from gateway.api_docs import docs_router
+from gateway.api_docs.openapi import OPENAPI_URL, install_openapi
+from gateway.api_docs.page import docs_router
 from gateway.dashboard import install_dashboard
 from gateway.dashboard.state import Dashboard
 from gateway.engines.api import EngineClient
@@ -29,16 +30,15 @@ from gateway.error_handlers import install_error_handlers
 from gateway.lifecycle.bookkeeping import Bookkeeping, UsageWriter
 from gateway.lifecycle.job import Planner
 from gateway.lifecycle.service import RequestLifecycle
-from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestContextMiddleware, TrustedHostMiddleware
-from gateway.openapi import OPENAPI_URL, install_openapi
 from gateway.policy import PolicyService
 from gateway.routes import chat, completions, generate, health, models, responses
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.text.tokenizer import Tokenizer
-from tenancy.migrate import check_schema, upgrade
 from tenancy.runtime import build_runtime
+from tenancy.sql.migrate import check_schema, upgrade
 
 
 def _ensure_sqlite_dir(url: str) -> None:
@@ -186,7 +186,7 @@ def create_app(
     app = FastAPI(
         title="loragate gateway",
         lifespan=lifespan,
-        docs_url=None,  # Swagger UI from vendored files instead (gateway/api_docs.py)
+        docs_url=None,  # Swagger UI from vendored files instead (gateway/api_docs/page.py)
         redoc_url=None,
         openapi_url=OPENAPI_URL if docs else None,
         swagger_ui_oauth2_redirect_url=None,

@@ -6,8 +6,8 @@ import argparse
 from collections.abc import Sequence
 
 from engine import cli as engine_cli
-from gateway import demo as gateway_demo
-from gateway import serve as gateway_serve
+from gateway.demo import command as gateway_demo
+from gateway.server import serve as gateway_serve
 from tenancy import cli as tenancy_cli
 
 

@@ -28,7 +28,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import ClientGone
-from gateway.rejections import record_rejection
+from gateway.telemetry.rejections import record_rejection
 from tenancy.errors import BadRequest, ClientError, DatabaseUnavailable
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ visibility, model resolution and priority clamping.
 
 Quota policies and adapter lists are cached per tenant for `policy_cache_ttl_s` (seconds), so the
 hot path reaches the database only when a cache entry expires; key verification has its own
-short-TTL cache with revocation over pub/sub (tenancy.key_auth).
+short-TTL cache with revocation over pub/sub (tenancy.auth.key_verify).
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from sqlalchemy import or_, select
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from gateway.errors import ModelNotFound
-from tenancy.admin_auth import bearer_token
+from tenancy.auth.admin import bearer_token
+from tenancy.auth.scopes import Scope
+from tenancy.auth.single_flight import SingleFlight
 from tenancy.crud.quotas import subjects_for
 from tenancy.errors import DatabaseUnavailable, InsufficientScope
 from tenancy.ids import ApiKeyId, TenantId
-from tenancy.models import Adapter
-from tenancy.quotas import QuotaSubject
+from tenancy.quota.store import QuotaSubject
 from tenancy.runtime import TenancyRuntime
-from tenancy.scopes import Scope
-from tenancy.single_flight import SingleFlight
+from tenancy.sql.models import Adapter
 
 # An unknown model name reloads the tenant's adapter list if the cached one is older than this.
 MISS_RELOAD_S = 0.25

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from gateway.engines.api import EngineClient
 from gateway.lifecycle.bookkeeping import UsageWriter
 from gateway.lifecycle.service import RequestLifecycle
-from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyService
 from gateway.settings import GatewaySettings
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.text.tokenizer import Tokenizer
 from tenancy.runtime import TenancyRuntime
 

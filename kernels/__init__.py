@@ -1,1 +1,2 @@
-"""Triton kernels with a PyTorch reference for each (the reference is also the CPU path)."""
+"""The engine's kernels: `triton/` (the LoRA kernels on CUDA and their dispatch) and `cpu/` (the CPU
+path: Python wrappers over the hand-written C++ in `cpu/native/`, and the PyTorch references)."""

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.lora_meta import LoRAKernelMeta
-from kernels.ops import LoRAForm
+from kernels.triton.meta import LoRAKernelMeta
+from kernels.triton.ops import LoRAForm
 
 NO_SLOT = -1
 

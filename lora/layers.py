@@ -20,7 +20,7 @@ on it for the forward pass. No batch (no token uses an adapter): the base layer 
 
 The pool in bytes. Every slot is max_rank wide, whatever the rank of the adapter in it, so a
 slot costs `slot_num_bytes` (the sum of the two stacks' rows above, over every wrapper) and a
-memory budget buys budget // that many slots (engine/lora_setup.py). A rank-aware allocator
+memory budget buys budget // that many slots (engine/step/lora_setup.py). A rank-aware allocator
 (S-LoRA's unified paging) would fit more low-rank adapters in the same bytes, but the kernels
 index one stacked tensor per projection by slot; fixed-width slots keep them as they are and
 waste at most (max_rank - r) / max_rank of a rank-r adapter's slot.
@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from kernels import huge_pages
-from kernels.cpu_gathered import GatheredKernel, compiled_gathered_rows, gathered_rows, warm_up
-from kernels.cpu_native import NativeBuildError, native_rows
-from kernels.lora_meta import LoRAKernelMeta
-from kernels.ops import lora_add
+from kernels.cpu import huge_pages
+from kernels.cpu.gathered import GatheredKernel, compiled_gathered_rows, gathered_rows, warm_up
+from kernels.cpu.rows import NativeBuildError, native_rows
+from kernels.triton.meta import LoRAKernelMeta
+from kernels.triton.ops import lora_add
 from lora.batch import LoRABatch, LoRAPart
 from lora.dims import BaseModelDims
 from lora.loader import LoadedAdapter
@@ -83,7 +83,7 @@ class LoRALinear(nn.Module):
         # The model's dtype: the products run where the base matmuls run (bf16 units on CPU).
         dtype = base.weight.dtype
         if device.type == "cpu":
-            # On huge pages (kernels/huge_pages.py): a step with many adapters reads a few
+            # On huge pages (kernels/cpu/huge_pages.py): a step with many adapters reads a few
             # hundred KB of each slot's stacks, scattered over the pool; with 4 KiB pages every
             # few KB is a TLB miss and the prefetchers stop at each page (bench/RESULTS.md,
             # session 19: 34 distinct adapters' runs 9.3 -> 7.9 ms).
@@ -111,7 +111,7 @@ class LoRALinear(nn.Module):
         self._views: dict[tuple[object, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, in_features]
-        # The base may be an nn.Linear or its packed form (engine/packed_linear.py).
+        # The base may be an nn.Linear or its packed form (engine/step/packed_linear.py).
         out = self.base(x)  # [num_tokens, out_features]
         for part, meta in self._parts_with_deltas(x.shape[0]):
             rows = part.rows
@@ -128,7 +128,7 @@ class LoRALinear(nn.Module):
         return out
 
     def silu_forward(self, x: torch.Tensor) -> torch.Tensor | None:
-        """The base's fused SiLU pass (engine/packed_linear.py) where no token of this step adds
+        """The base's fused SiLU pass (engine/step/packed_linear.py) where no token of this step adds
         a delta here (the delta must come before the SiLU); None: the caller runs the two steps."""
         fused = getattr(self.base, "silu_forward", None)
         if fused is None or self._parts_with_deltas(x.shape[0]):
@@ -275,7 +275,7 @@ class LoRALayers:
 
     def warm_up_cpu(self) -> str:
         """Make the CPU path's short-run kernel ready now, not on the first request's step: the
-        C kernel (kernels/cpu_native.py, built once per machine), else inductor's compile of
+        C kernel (kernels/cpu/rows.py, built once per machine), else inductor's compile of
         the same kernel, else that kernel run eager (no C++ compiler at all: correct, but it
         copies each row's weights). Returns which one runs ("native"/"compiled"/"eager")."""
         stacks = [(w.lora_a, w.lora_b.transpose(1, 2), w.sub_outputs) for _, w in self.wrappers]

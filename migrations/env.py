@@ -1,7 +1,7 @@
 """Async Alembic environment for SQLite and PostgreSQL.
 
 Programmatic callers hand over a live connection in `config.attributes["connection"]`
-(see tenancy.migrate); the CLI path opens its own async engine from the configured URL.
+(see tenancy.sql.migrate); the CLI path opens its own async engine from the configured URL.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from tenancy.models import Base
+from tenancy.sql.models import Base
 
 config = context.config
 target_metadata = Base.metadata

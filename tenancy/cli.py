@@ -12,12 +12,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from tenancy.admin_cli import add_rest_commands
-from tenancy.bootstrap import bootstrap_admin
-from tenancy.db import make_engine, make_sessionmaker
+from tenancy.auth.bootstrap import bootstrap_admin
+from tenancy.auth.key_format import KeyMinter
 from tenancy.errors import ClientError
-from tenancy.keys import KeyMinter
-from tenancy.migrate import upgrade
 from tenancy.settings import TenancySettings
+from tenancy.sql.migrate import upgrade
+from tenancy.sql.session import make_engine, make_sessionmaker
 from tenancy.state_dir import SECRETS_FILE, NoStateDir, state_settings
 
 STATE_HELP = (

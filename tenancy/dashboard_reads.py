@@ -15,11 +15,11 @@ from typing import Literal
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from tenancy.auth.key_verify import VerifiedKey
+from tenancy.auth.principal import Principal
+from tenancy.auth.scopes import Scope
 from tenancy.ids import ApiKeyId, TenantId
-from tenancy.key_auth import VerifiedKey
-from tenancy.models import Adapter, ApiKey, Tenant, UsageRecord
-from tenancy.principal import Principal
-from tenancy.scopes import Scope
+from tenancy.sql.models import Adapter, ApiKey, Tenant, UsageRecord
 
 Bucket = Literal["hour", "day"]
 

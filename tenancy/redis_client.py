@@ -2,7 +2,7 @@
 
 A single server gets a blocking pool, so bursts wait for a connection instead of failing. A
 cluster client keeps a pool per node and follows slot moves; the quota store puts every key one
-Lua script touches in one hash slot (tenancy/quota_redis.py), and the revocation channel uses
+Lua script touches in one hash slot (tenancy/quota/redis_store.py), and the revocation channel uses
 classic pub/sub, which a cluster delivers to subscribers on every node.
 """
 

@@ -12,19 +12,19 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from tenancy.adapters.service import AdapterService
 from tenancy.adapters.validation import AdapterValidator, FormatChecksValidator
+from tenancy.auth.key_format import KeyMinter
+from tenancy.auth.key_verify import KeyCache, KeyVerifier
+from tenancy.auth.oidc import OidcConfig, OidcVerifier
 from tenancy.crud.usage import spent_to_date
-from tenancy.db import make_engine, make_sessionmaker
-from tenancy.key_auth import KeyCache, KeyVerifier
-from tenancy.keys import KeyMinter
-from tenancy.oidc import OidcConfig, OidcVerifier
 from tenancy.priority import PriorityMapper
-from tenancy.quota_memory import InProcessQuotaStore
-from tenancy.quota_redis import RedisQuotaStore
-from tenancy.quotas import QuotaStore
+from tenancy.quota.memory_store import InProcessQuotaStore
+from tenancy.quota.redis_store import RedisQuotaStore
+from tenancy.quota.rejections import InProcessRejectionLog, RedisRejectionLog, RejectionLog
+from tenancy.quota.store import QuotaStore
 from tenancy.redis_client import RedisClient, make_redis
-from tenancy.rejection_log import InProcessRejectionLog, RedisRejectionLog, RejectionLog
 from tenancy.salts import SaltDeriver
 from tenancy.settings import TenancySettings
+from tenancy.sql.session import make_engine, make_sessionmaker
 
 
 def _utcnow() -> dt.datetime:

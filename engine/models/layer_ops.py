@@ -1,6 +1,6 @@
 """The element-wise steps of a decoder layer, each one call: PyTorch operators (the reference, and
 what torch.compile traces) or, where the engine turned them on, the fused CPU kernels of
-kernels/cpu_layer.py, which compute the same values in one call instead of ~30 operators a layer
+kernels/cpu/layer.py, which compute the same values in one call instead of ~30 operators a layer
 (their dispatch is most of a small decode step's time outside the matmuls).
 
 One LayerOps is shared by every module of a model; `LlamaForCausalLM.use_layer_ops` installs it.
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.rope import RotaryEmbedding, apply_rotary
-from kernels.cpu_layer import NativeLayer
+from kernels.cpu.layer import NativeLayer
 
 
 @dataclass
@@ -93,7 +93,7 @@ class LayerOps:
 
     def gate_up_silu(self, proj: nn.Module, x: torch.Tensor, width: int) -> torch.Tensor:
         """silu(gate) * up of the fused projection `proj` of x: in one pass where `proj` offers
-        it (`silu_forward`: the native matmul kernel, engine/packed_linear.py), else the
+        it (`silu_forward`: the native matmul kernel, engine/step/packed_linear.py), else the
         projection and then `silu_mul`. Both round alike."""
         fused = getattr(proj, "silu_forward", None)
         if fused is not None and not torch.compiler.is_compiling():

@@ -13,12 +13,12 @@ from types import MappingProxyType
 import torch
 from torch import nn
 
-from engine.attention import AttentionMetadata, attend_paged
 from engine.models.hf_config import ModelConfig
 from engine.models.layer_ops import LayerOps, RotaryInputs
 from engine.models.rope import RotaryEmbedding
-from engine.paged_decode import DecodeMetadata
-from kernels.cpu_layer import NativeLayer
+from engine.step.attention import AttentionMetadata, attend_paged
+from engine.step.paged_decode import DecodeMetadata
+from kernels.cpu.layer import NativeLayer
 
 # Where LoRA wrappers go (lora/layers.py): each fused projection's attribute path inside a
 # DecoderLayer -> the PEFT modules fused into it, in output order.

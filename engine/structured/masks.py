@@ -5,7 +5,7 @@ row r allows token 32 * w + b. A padded vocabulary's ids past the tokenizer are 
 a matcher that is stopped or in error allows only EOS (llguidance's rule), so such a row still
 has a token to sample. Rows without a grammar are all ones.
 
-`MaskOps` applies it: by the native kernels (kernels/cpu_token_mask.py) on CPU logits where
+`MaskOps` applies it: by the native kernels (kernels/cpu/token_mask.py) on CPU logits where
 they are built, else by their PyTorch references, which compute the same.
 """
 
@@ -18,7 +18,7 @@ import llguidance.torch
 import torch
 
 from engine.structured.matcher import GrammarMatcher
-from kernels.cpu_token_mask import (
+from kernels.cpu.token_mask import (
     TokenMask,
     mask_rows_reference,
     masked_argmax_reference,

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from gateway.admin.deps import PrincipalDep, SessionDep
-from tenancy.audit_log import list_events
+from tenancy.auditing.read import list_events
 from tenancy.schemas import AuditEventOut, UtcDateTime
 
 router = APIRouter(tags=["audit"])

@@ -10,8 +10,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.middleware import sane_request_id
 from gateway.state import GatewayState
-from tenancy.admin_auth import authenticate
-from tenancy.principal import AuditContext, Principal
+from tenancy.auth.admin import authenticate
+from tenancy.auth.principal import AuditContext, Principal
 from tenancy.runtime import TenancyRuntime
 
 

@@ -1,7 +1,7 @@
 """Examples for the admin API's OpenAPI document: one request body and one answer per route.
 
-They are data, not code paths: `gateway/openapi.py` puts them on the operations, and
-`tests/gateway/test_openapi.py` checks that every admin route has one and that each example is
+They are data, not code paths: `gateway/api_docs/openapi.py` puts them on the operations, and
+`tests/gateway/api_docs/test_openapi.py` checks that every admin route has one and that each example is
 valid against the route's own schema, so an example cannot drift from what the route accepts.
 Ids and keys here are made up (a key's shape, never a real key).
 """

@@ -1,12 +1,12 @@
 """/admin/v1/tenants/{tenant_id}/quota-state and .../keys/{key_id}/quota-state: live numbers
-from the quota store that admits requests (tenancy/quota_state.py)."""
+from the quota store that admits requests (tenancy/quota/state.py)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
 from gateway.admin.deps import PrincipalDep, RuntimeDep, SessionDep
-from tenancy.quota_state import QuotaStateOut, quota_state
+from tenancy.quota.state import QuotaStateOut, quota_state
 
 router = APIRouter(prefix="/tenants/{tenant_id}", tags=["quotas"])
 

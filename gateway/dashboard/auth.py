@@ -16,9 +16,9 @@ from fastapi import Depends, Request
 from gateway.dashboard.session import DashboardSession
 from gateway.dashboard.state import DashboardDep
 from gateway.deps import StateDep
+from tenancy.auth.principal import Principal
+from tenancy.auth.scopes import Scope
 from tenancy.dashboard_reads import key_principal
-from tenancy.principal import Principal
-from tenancy.scopes import Scope
 
 DASHBOARD_SCOPES = frozenset({Scope.ADMIN, Scope.TENANT_ADMIN})
 

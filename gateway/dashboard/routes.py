@@ -21,9 +21,9 @@ from gateway.dashboard.session import csrf_ok
 from gateway.dashboard.sso import SsoRefused
 from gateway.dashboard.state import STATIC_DIR, Dashboard, DashboardDep
 from gateway.deps import StateDep
+from tenancy.auth.principal import Principal
 from tenancy.errors import InvalidApiKey, NotFound, TenantSuspended
-from tenancy.principal import Principal
-from tenancy.quota_state import QuotaStateOut, quota_state
+from tenancy.quota.state import QuotaStateOut, quota_state
 
 router = APIRouter(prefix="/dashboard", tags=["dashboard"])
 

@@ -26,10 +26,10 @@ from typing import Any
 from fastapi import Request, Response
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
-from gateway.openapi import SESSION_COOKIE
+from gateway.api_docs.openapi import SESSION_COOKIE
 from gateway.settings import GatewaySettings
-from tenancy.principal import Principal
-from tenancy.scopes import Scope
+from tenancy.auth.principal import Principal
+from tenancy.auth.scopes import Scope
 
 LOGIN_COOKIE = "lg_login"
 LOGIN_TTL_S = 600  # a login form (or an SSO round trip) must be finished within this

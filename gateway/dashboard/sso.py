@@ -3,7 +3,7 @@ OAuth client, against `oidc_issuer` (its discovery document names the endpoints)
 
 The ID token is checked twice: by authlib (signature from the provider's JWKS, issuer, audience =
 our client id, expiry, the nonce of this round trip) and then by the admin API's own verifier
-(`tenancy/oidc.py`, with the configured algorithms and the client id as audience), whose role
+(`tenancy/auth/oidc.py`, with the configured algorithms and the client id as audience), whose role
 mapping makes the principal. So the dashboard and the admin API read roles from the same claims
 with the same code: `oidc_admin_role` is an admin, `oidc_tenant_admin_role` with a tenant in
 `oidc_tenant_claim` a tenant-admin of that tenant, anything else may not open the dashboard.
@@ -25,9 +25,9 @@ from joserfc.errors import JoseError
 
 from gateway.dashboard.session import SessionCodec
 from gateway.settings import GatewaySettings
+from tenancy.auth.oidc import OidcConfig, OidcVerifier
+from tenancy.auth.principal import Principal
 from tenancy.errors import ClientError
-from tenancy.oidc import OidcConfig, OidcVerifier
-from tenancy.principal import Principal
 
 
 class SsoRefused(Exception):

@@ -1,7 +1,7 @@
 """What each dashboard page shows, gathered for one viewer (a `Principal`).
 
 Every number comes from where it is enforced or recorded: limits and their use from the quota
-store (`tenancy/quota_state.py`, the admin API's quota-state), tokens and requests over time from
+store (`tenancy/quota/state.py`, the admin API's quota-state), tokens and requests over time from
 the usage ledger, keys and adapters from the tenancy tables through the admin API's scoped CRUD
 functions. A tenant the viewer may not see raises the same NotFound the admin API raises.
 """
@@ -16,15 +16,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gateway.dashboard.charts import UsageChart, usage_chart
 from gateway.engines.status import ReplicaStatus, engine_status
 from gateway.state import GatewayState
-from tenancy.audit_log import list_events
+from tenancy.auditing.read import list_events
+from tenancy.auth.principal import Principal
 from tenancy.crud.adapters import list_adapters
 from tenancy.crud.keys import list_keys
 from tenancy.crud.tenants import list_tenants, load_tenant
 from tenancy.dashboard_reads import adapter_names, keys_last_used, requests_since, usage_series
-from tenancy.models import Adapter, ApiKey, AuditEvent, Tenant
-from tenancy.principal import Principal
-from tenancy.quota_state import QuotaStateOut, quota_state
+from tenancy.quota.state import QuotaStateOut, quota_state
 from tenancy.runtime import TenancyRuntime
+from tenancy.sql.models import Adapter, ApiKey, AuditEvent, Tenant
 
 HOUR = dt.timedelta(hours=1)
 DAY = dt.timedelta(days=1)

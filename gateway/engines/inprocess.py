@@ -16,14 +16,15 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from engine import adapter_admin
-from engine.async_engine import AsyncEngine
 from engine.errors import (
     AdapterNotFoundError,
     EngineError,
     EngineUnavailableError,
     InvalidRequestError,
 )
-from engine.loop_on_main import Server, SignalHandler, serve_beside_loop
+from engine.loop.async_engine import AsyncEngine
+from engine.loop.on_main import Server, SignalHandler, serve_beside_loop
+from engine.loop.request_stream import RequestStream
 from engine.metrics import EngineStatsCollector
 from engine.outputs import EngineStats
 from engine.protocol import (
@@ -35,7 +36,6 @@ from engine.protocol import (
     is_error_output,
     to_engine_request,
 )
-from engine.request_stream import RequestStream
 from gateway.engines.api import EngineStreamError
 from gateway.errors import EngineFailed, EngineOverloaded, ModelNotFound
 from gateway.policy import AdapterRef
@@ -191,7 +191,7 @@ class InProcessEngineClient:
 
 class MainThreadEngine:
     """The embedded engine of `loragate serve`: the engine loop runs on the thread that calls
-    `serve` (the main thread), the HTTP server on a thread of its own (engine/loop_on_main.py).
+    `serve` (the main thread), the HTTP server on a thread of its own (engine/loop/on_main.py).
     Stepped from any other thread, bf16 matmuls ran 1.6x slower (a batch-1 decode step 11.6 ms
     against 7.0; bench/RESULTS.md, "A decode step on a worker thread, this VM")."""
 
@@ -206,5 +206,5 @@ class MainThreadEngine:
 
     def serve(self, server: Server, on_signal: SignalHandler) -> None:
         """Run `server` on a thread and the engine loop here until both end, then end as
-        `uvicorn.run` would (engine/loop_on_main.py, serve_beside_loop)."""
+        `uvicorn.run` would (engine/loop/on_main.py, serve_beside_loop)."""
         serve_beside_loop(self._engine, server, on_signal)

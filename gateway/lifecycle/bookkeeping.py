@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.metrics import GatewayMetrics
+from gateway.telemetry.metrics import GatewayMetrics
 from tenancy.crud.usage import UsageIn, record_usage_batch
 from tenancy.errors import ClientError
 from tenancy.ids import RequestId
-from tenancy.quotas import QuotaStore
+from tenancy.quota.store import QuotaStore
 
 if TYPE_CHECKING:
     from gateway.lifecycle.run import Run

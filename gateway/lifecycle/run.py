@@ -30,7 +30,7 @@ from gateway.errors import EngineFailed, ShuttingDown
 from gateway.lifecycle.job import EngineTarget, Plan
 from tenancy.errors import ClientError
 from tenancy.ids import RequestId
-from tenancy.quotas import Admission, QuotaStore, QuotaSubject
+from tenancy.quota.store import Admission, QuotaStore, QuotaSubject
 
 if TYPE_CHECKING:
     from gateway.lifecycle.bookkeeping import Bookkeeping

@@ -44,7 +44,7 @@ from gateway.lifecycle.job import EngineTarget, Job, Planner
 from gateway.lifecycle.run import Run
 from gateway.policy import PolicyService, TenantContext
 from gateway.settings import GatewaySettings
-from tenancy.quotas import QuotaStore
+from tenancy.quota.store import QuotaStore
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from sqlalchemy import text
 from gateway.deps import StateDep
 from gateway.state import GatewayState
 from tenancy.errors import InvalidApiKey
-from tenancy.migrate import current_revision, head_revision
+from tenancy.sql.migrate import current_revision, head_revision
 
 router = APIRouter(tags=["operations"])
 

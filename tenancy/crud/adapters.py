@@ -12,13 +12,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from tenancy.adapters.archive import UploadedFile
 from tenancy.adapters.service import AdapterService
-from tenancy.audit import record_event, snapshot
-from tenancy.authz import require_admin, require_any_admin
+from tenancy.auditing.write import record_event, snapshot
+from tenancy.auth.authz import require_admin, require_any_admin
+from tenancy.auth.principal import AuditContext, Principal
 from tenancy.crud.tenants import load_tenant
 from tenancy.errors import Conflict, NotFound
 from tenancy.ids import new_id
-from tenancy.models import Adapter
-from tenancy.principal import AuditContext, Principal
+from tenancy.sql.models import Adapter
 
 
 async def register_adapter(

@@ -7,16 +7,16 @@ import datetime as dt
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from tenancy.audit import record_event, snapshot
-from tenancy.authz import require_grantable
+from tenancy.auditing.write import record_event, snapshot
+from tenancy.auth.authz import require_grantable
+from tenancy.auth.key_format import KeyMinter, MintedKey
+from tenancy.auth.principal import AuditContext, Principal
+from tenancy.auth.scopes import Scope
 from tenancy.crud.tenants import load_tenant
 from tenancy.errors import BadRequest, Conflict, NotFound
 from tenancy.ids import new_id
-from tenancy.keys import KeyMinter, MintedKey
-from tenancy.models import ApiKey, Tenant
-from tenancy.principal import AuditContext, Principal
 from tenancy.schemas import ApiKeyCreate, ApiKeyCreated, ApiKeyOut
-from tenancy.scopes import Scope
+from tenancy.sql.models import ApiKey, Tenant
 
 
 def _created(row: ApiKey, minted: MintedKey) -> ApiKeyCreated:

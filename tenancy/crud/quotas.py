@@ -6,16 +6,16 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from tenancy.audit import record_event, snapshot
-from tenancy.authz import require_admin
+from tenancy.auditing.write import record_event, snapshot
+from tenancy.auth.authz import require_admin
+from tenancy.auth.principal import AuditContext, Principal
 from tenancy.crud.keys import load_key
 from tenancy.crud.tenants import load_tenant
 from tenancy.errors import InsufficientScope
 from tenancy.ids import new_id
-from tenancy.models import QuotaPolicy, utcnow
-from tenancy.principal import AuditContext, Principal
-from tenancy.quotas import QuotaLimits, QuotaSubject
+from tenancy.quota.store import QuotaLimits, QuotaSubject
 from tenancy.schemas import QuotaLimitsIn, QuotaPolicyOut
+from tenancy.sql.models import QuotaPolicy, utcnow
 
 _FIELDS = tuple(QuotaLimitsIn.model_fields)
 

@@ -7,13 +7,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from tenancy.adapters.service import AdapterService
-from tenancy.audit import record_event, snapshot
-from tenancy.authz import require_admin, require_any_admin, require_tenant_visible
+from tenancy.auditing.write import record_event, snapshot
+from tenancy.auth.authz import require_admin, require_any_admin, require_tenant_visible
+from tenancy.auth.principal import AuditContext, Principal
 from tenancy.errors import BadRequest, Conflict, NotFound
 from tenancy.ids import new_id
-from tenancy.models import Adapter, Tenant, utcnow
-from tenancy.principal import AuditContext, Principal
 from tenancy.schemas import TenantCreate, TenantUpdate
+from tenancy.sql.models import Adapter, Tenant, utcnow
 
 
 async def load_tenant(session: AsyncSession, *, principal: Principal, tenant_id: str) -> Tenant:

@@ -10,11 +10,11 @@ from sqlalchemy import Table, case, func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from tenancy.auth.principal import Principal
 from tenancy.crud.tenants import load_tenant
 from tenancy.ids import ApiKeyId, RequestId, TenantId, new_id
-from tenancy.models import UsageRecord
-from tenancy.principal import Principal
 from tenancy.schemas import UsageRow
+from tenancy.sql.models import UsageRecord
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ from gateway_process import BIN, GatewayProcess, TenantInfo, bootstrap_admin, fr
 from services import delete_redis_keys
 from sqlalchemy import select
 
-from tenancy.db import make_engine, make_sessionmaker
-from tenancy.models import UsageRecord
-from tenancy.quota_redis import RedisQuotaStore
-from tenancy.quotas import QuotaUsage
+from tenancy.quota.redis_store import RedisQuotaStore
+from tenancy.quota.store import QuotaUsage
 from tenancy.redis_client import make_redis
+from tenancy.sql.models import UsageRecord
+from tenancy.sql.session import make_engine, make_sessionmaker
 
 STARTUP_TIMEOUT_S = 180.0
 # What no log may hold after the clients' churn (issue: quiet logs under churn).

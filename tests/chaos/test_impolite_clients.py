@@ -46,7 +46,7 @@ from deployment import Deployment, deploy
 from gateway_process import TenantInfo
 from services import create_database, drop_database
 
-from tenancy.models import UsageRecord
+from tenancy.sql.models import UsageRecord
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

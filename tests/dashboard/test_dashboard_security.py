@@ -17,8 +17,8 @@ from itsdangerous import URLSafeTimedSerializer
 from pages import csrf_of, login
 
 from gateway.dashboard.session import session_secret
+from tenancy.auth.scopes import Scope
 from tenancy.crud.keys import revoke_key
-from tenancy.scopes import Scope
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -26,7 +26,7 @@ def exported_metrics() -> set[str]:
     """The names a scrape shows: counters with `_total`, gauges and histograms as named."""
     from engine.metrics import EngineMetrics
     from engine.outputs import EngineStats, LoRAStats
-    from gateway.metrics import GatewayMetrics
+    from gateway.telemetry.metrics import GatewayMetrics
 
     stats = EngineStats(**{**_zeros(EngineStats), "lora": LoRAStats(**_zeros(LoRAStats))})
     registries = [

@@ -22,7 +22,7 @@ import pytest
 from gateway_process import BIN, GatewayProcess
 
 from gateway.cli import build_parser, main
-from gateway.demo_adapters import demo_adapter_files
+from gateway.demo.adapters import demo_adapter_files
 from tenancy.adapters.base_model import base_model_spec
 
 MODEL = "tiny"
@@ -291,7 +291,7 @@ def test_login_saves_a_private_profile(cli: Cli, monkeypatch: pytest.MonkeyPatch
     assert code == 2 and "chmod 600" in err
 
 
-# On the database, not the REST API: tests/tenancy/test_bootstrap_cli.py and the demo run them.
+# On the database, not the REST API: tests/tenancy/auth/test_bootstrap_cli.py and the demo run them.
 DATABASE_COMMANDS = {"migrate", "bootstrap"}
 
 

@@ -36,7 +36,7 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 
 from gateway.dashboard.session import session_secret
-from gateway.demo_adapters import demo_adapter_files
+from gateway.demo.adapters import demo_adapter_files
 from tenancy.adapters.base_model import base_model_spec
 
 pytestmark = pytest.mark.browser

@@ -20,14 +20,14 @@ import pytest
 from gateway_process import BIN, free_port
 from sqlalchemy import select
 
+from tenancy.auth.key_format import KeyMinter
+from tenancy.auth.principal import AuditContext, Principal
+from tenancy.auth.scopes import Scope
 from tenancy.crud.keys import create_key
-from tenancy.db import make_engine, make_sessionmaker
-from tenancy.keys import KeyMinter
-from tenancy.models import Tenant
-from tenancy.principal import AuditContext, Principal
 from tenancy.schemas import ApiKeyCreate
-from tenancy.scopes import Scope
 from tenancy.settings import TenancySettings
+from tenancy.sql.models import Tenant
+from tenancy.sql.session import make_engine, make_sessionmaker
 from tenancy.state_dir import state_settings
 
 

@@ -17,7 +17,7 @@ from gateway_process import GatewayProcess, TenantInfo
 from openai import OpenAI
 
 from engine.protocol import tenant_label
-from gateway.demo_adapters import demo_adapter_files
+from gateway.demo.adapters import demo_adapter_files
 from tenancy.adapters.base_model import base_model_spec
 
 MODEL = "tiny"

@@ -29,7 +29,7 @@ def test_embedded_engine_steps_on_the_main_thread(tiny_model_dir: Path, tmp_path
         answer = httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=headers)
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1
         names = thread_names(gateway.proc.pid)
-        assert "http" in names  # uvicorn's thread (engine/loop_on_main.py names it)
+        assert "http" in names  # uvicorn's thread (engine/loop/on_main.py names it)
         assert "engine-loop" not in names  # AsyncEngine's own loop thread never started
     finally:
         gateway.proc.send_signal(signal.SIGTERM)

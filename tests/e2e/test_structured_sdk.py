@@ -17,7 +17,7 @@ import pytest
 from gateway_process import GatewayProcess, TenantInfo
 from openai import AsyncOpenAI, OpenAI
 
-from gateway.demo_adapters import demo_adapter_files
+from gateway.demo.adapters import demo_adapter_files
 from tenancy.adapters.base_model import base_model_spec
 from tests.structured_cases import MAX_TOKENS, SCHEMAS
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.loop.llm_engine import LLMEngine
 from engine.outputs import FinishReason, RequestOutput
 from engine.request import EngineRequest, RequestId
 from engine.sampling_params import SamplingParams

@@ -64,7 +64,7 @@ def test_the_real_engine_reports_running_and_waiting_adapters(
     """One running seat: the request on `sql` runs, the one on `chat` waits, and the metric
     names them as the endpoint picker reads them."""
     from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
+    from engine.loop.llm_engine import LLMEngine
     from tests.engine.engine_helpers import request
     from tests.lora.peft_builders import AdapterSpec, make_peft_adapter
 

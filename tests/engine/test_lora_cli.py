@@ -11,7 +11,7 @@ import pytest
 
 from engine.cli import _engine_config, add_subcommands, parse_lora_modules
 from engine.config import EngineConfig, LoraModule
-from engine.llm_engine import LLMEngine
+from engine.loop.llm_engine import LLMEngine
 from lora.errors import AdapterConfigError
 from tests.lora.peft_builders import AdapterSpec, edit_config, make_peft_adapter
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.lora_setup import model_dims
+from engine.loop.llm_engine import LLMEngine
 from engine.models.llama import LORA_PROJECTIONS
 from engine.request import EngineRequest
+from engine.step.lora_setup import model_dims
 from lora.layers import slot_num_bytes
 from lora.loader import LoadedAdapter
 from tests.engine.engine_helpers import Collected, request

@@ -13,9 +13,9 @@ import httpx
 import pytest
 import torch
 
-from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.loop.async_engine import AsyncEngine
+from engine.loop.llm_engine import LLMEngine
 from engine.request import EngineRequest, RequestId
 from engine.sampling_params import SamplingParams
 from engine.server import create_app

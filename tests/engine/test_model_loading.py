@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.loop.llm_engine import LLMEngine
 from engine.models.hf_config import parse_model_config
 from tests.engine.engine_helpers import (
     capture_first_logits,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.loop.llm_engine import LLMEngine
 from tests.engine.engine_helpers import (
     FAST_TOLERANCE,
     REFERENCE_TOLERANCE,
@@ -55,7 +55,7 @@ def transformers_reference(model_dir, key, prompts):  # type: ignore[no-untyped-
         # ... decode attention by the gathering backends, the reference layers
         ("llama", False, 64, True, "matmul", False, "auto"),
         ("qwen3", False, 64, True, "sdpa", False, "auto"),
-        # The compiled decode path (engine/compile_decode.py): decode-only steps compiled,
+        # The compiled decode path (engine/step/compile_decode.py): decode-only steps compiled,
         # steps with a prefill chunk eager, one KV cache shared by both.
         # (native: the C++ kernel an opaque operator in the graph; matmul: paged_decode.py)
         ("llama", False, 2048, False, "native", True, "auto"),

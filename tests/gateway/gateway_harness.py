@@ -25,13 +25,13 @@ from gateway.engines.api import EngineClient, EngineStream
 from gateway.policy import AdapterRef
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
+from tenancy.auth.principal import AuditContext, Principal
+from tenancy.auth.scopes import Scope
 from tenancy.crud.keys import create_key
 from tenancy.crud.quotas import put_policy
 from tenancy.crud.tenants import create_tenant
-from tenancy.models import UsageRecord
-from tenancy.principal import AuditContext, Principal
 from tenancy.schemas import ApiKeyCreate, QuotaLimitsIn, TenantCreate
-from tenancy.scopes import Scope
+from tenancy.sql.models import UsageRecord
 
 ADMIN_CTX = AuditContext(
     principal=Principal(subject="test:admin", tenant_id=None, scopes=frozenset({Scope.ADMIN}))

@@ -13,9 +13,9 @@ import pytest
 import pytest_asyncio
 from gateway_harness import Gateway, SecretScan, TenantKey, gateway_settings, running_gateway
 
+from tenancy.auth.scopes import Scope
 from tenancy.ids import RequestId
-from tenancy.quotas import QuotaLimits, QuotaSubject, QuotaUsage
-from tenancy.scopes import Scope
+from tenancy.quota.store import QuotaLimits, QuotaSubject, QuotaUsage
 
 RPM = 4
 LIMITS = {"requests_per_minute": RPM, "tokens_per_minute": 100_000, "max_concurrent": 3,

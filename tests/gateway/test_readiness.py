@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from gateway_harness import SecretScan, gateway_settings, running_gateway
 
-from tenancy.db import make_engine
-from tenancy.migrate import SchemaOutOfDate, downgrade
+from tenancy.sql.migrate import SchemaOutOfDate, downgrade
+from tenancy.sql.session import make_engine
 
 
 async def test_embedded_readiness_has_no_redis_and_checks_the_schema(

@@ -17,7 +17,7 @@ import pytest
 from gateway_harness import ADMIN_CTX, MODEL, Gateway, RecordingClient
 
 from tenancy.crud.keys import revoke_key
-from tenancy.models import ApiKey
+from tenancy.sql.models import ApiKey
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -133,7 +133,7 @@ async def test_a_client_that_leaves_is_reported_to_the_run_at_once() -> None:
 def test_workers_need_an_http_engine_and_a_shared_quota_store(
     tiny_model_dir: Path, overrides: dict[str, Any], needs: str
 ) -> None:
-    from gateway.serve import workers_refusal
+    from gateway.server.serve import workers_refusal
 
     settings = _settings(tiny_model_dir, **overrides)
     assert workers_refusal(settings, 1) is None

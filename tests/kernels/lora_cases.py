@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from kernels.lora_meta import LoRAForm, LoRAKernelMeta
+from kernels.triton.meta import LoRAForm, LoRAKernelMeta
 
 IN_FEATURES = 96  # not a power of two: exercises the K masks
 OUT_FEATURES = 80  # a slice of a wider fused output, also not a tile multiple

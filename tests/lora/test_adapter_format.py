@@ -19,8 +19,8 @@ from safetensors.torch import load as torch_load
 from safetensors.torch import save as torch_save
 
 from engine.config import EngineConfig
-from engine.lora_setup import model_dims
 from engine.models.hf_config import load_model_config
+from engine.step.lora_setup import model_dims
 from lora.adapter_format import (
     BytesSource,
     FileSource,

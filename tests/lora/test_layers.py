@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from kernels import huge_pages
-from kernels.cpu_gathered import compiled_gathered_rows, gathered_rows
-from kernels.cpu_native import NativeBuildError, native_rows
+from kernels.cpu import huge_pages
+from kernels.cpu.gathered import compiled_gathered_rows, gathered_rows
+from kernels.cpu.rows import NativeBuildError, native_rows
 from lora.adapter_format import PeftLoraConfig
 from lora.batch import NO_SLOT, build_lora_batch
 from lora.dims import BaseModelDims
@@ -149,7 +149,7 @@ def test_batch_without_adapters_runs_no_lora_op(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_cpu_stacks_start_zeroed_and_large_ones_on_huge_page_boundaries():
-    # A pool past 2 MiB a stack is mapped for huge pages (kernels/huge_pages.py, tested there):
+    # A pool past 2 MiB a stack is mapped for huge pages (kernels/cpu/huge_pages.py, tested there):
     # 2 MiB-aligned, which torch's allocator does not give. Small stacks are plain tensors.
     big = LoRALayers([Layer()], LAYOUT, DIMS, max_loras=2048, max_rank=MAX_RANK)
     small = LoRALayers([Layer()], LAYOUT, DIMS, max_loras=2, max_rank=MAX_RANK)

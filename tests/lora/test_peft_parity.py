@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 
-from engine.compile_decode import CompiledDecode
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.loop.llm_engine import LLMEngine
 from engine.metrics import EngineMetrics
-from kernels.cpu_native import NativeRows, native_rows
+from engine.step.compile_decode import CompiledDecode
+from kernels.cpu.rows import NativeRows, native_rows
 from tests.engine.engine_helpers import (
     FAST_TOLERANCE,
     REFERENCE_TOLERANCE,
@@ -281,7 +281,7 @@ def test_bf16_engine_applies_every_adapter(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A bf16 engine's LoRA (on a CPU with AVX512-BF16 or AVX2 + FMA: every run of a step
-    through the tiled kernel, kernels/cpu_lora_runs.h; elsewhere the row kernel and BLAS): each request's
+    through the tiled kernel, kernels/cpu/native/lora_runs.h; elsewhere the row kernel and BLAS): each request's
     first-step logits stay within bf16 rounding of PEFT's float32 ones for its adapter, and
     at most half as far from them as from the base model's."""
     ran: list[bool] = []

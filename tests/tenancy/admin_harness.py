@@ -12,10 +12,10 @@ from fastapi import FastAPI
 
 from gateway.admin import admin_router
 from gateway.error_handlers import install_error_handlers
-from tenancy.bootstrap import bootstrap_admin
-from tenancy.migrate import upgrade
+from tenancy.auth.bootstrap import bootstrap_admin
 from tenancy.runtime import TenancyRuntime, build_runtime
 from tenancy.settings import TenancySettings
+from tenancy.sql.migrate import upgrade
 
 
 @dataclass

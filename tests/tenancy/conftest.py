@@ -17,9 +17,9 @@ import pytest
 import redis.asyncio as aioredis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tenancy.db import make_engine
-from tenancy.migrate import upgrade
 from tenancy.settings import TenancySettings
+from tenancy.sql.migrate import upgrade
+from tenancy.sql.session import make_engine
 
 # --import-mode=importlib puts no test directory on sys.path; the helper module lives here.
 sys.path.insert(0, str(Path(__file__).parent))

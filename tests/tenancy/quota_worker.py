@@ -13,8 +13,8 @@ import time
 import uuid
 
 from tenancy.ids import RequestId
-from tenancy.quota_redis import RedisQuotaStore
-from tenancy.quotas import QuotaExceeded, QuotaLimits, QuotaSubject
+from tenancy.quota.redis_store import RedisQuotaStore
+from tenancy.quota.store import QuotaExceeded, QuotaLimits, QuotaSubject
 from tenancy.redis_client import make_redis
 
 

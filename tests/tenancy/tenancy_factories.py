@@ -7,13 +7,13 @@ import uuid
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from tenancy.auth.key_format import KeyMinter
+from tenancy.auth.principal import AuditContext, Principal
+from tenancy.auth.scopes import Scope
 from tenancy.crud.keys import create_key
 from tenancy.crud.tenants import create_tenant
-from tenancy.keys import KeyMinter
-from tenancy.models import Tenant
-from tenancy.principal import AuditContext, Principal
 from tenancy.schemas import ApiKeyCreate, ApiKeyCreated, TenantCreate
-from tenancy.scopes import Scope
+from tenancy.sql.models import Tenant
 
 ADMIN_CTX = AuditContext(
     principal=Principal(subject="test:admin", tenant_id=None, scopes=frozenset({Scope.ADMIN}))

@@ -11,14 +11,14 @@ from services import KillableRedis
 from sqlalchemy import text
 from tenancy_factories import SecretRegistry, make_key, make_tenant
 
-from tenancy.db import make_engine, make_sessionmaker
+from tenancy.auth.key_format import KeyMinter
 from tenancy.errors import ServiceUnavailable
 from tenancy.ids import RequestId
-from tenancy.keys import KeyMinter
-from tenancy.migrate import upgrade
-from tenancy.quota_redis import RedisQuotaStore
-from tenancy.quotas import QuotaLimits, QuotaSubject
+from tenancy.quota.redis_store import RedisQuotaStore
+from tenancy.quota.store import QuotaLimits, QuotaSubject
 from tenancy.redis_client import make_redis
+from tenancy.sql.migrate import upgrade
+from tenancy.sql.session import make_engine, make_sessionmaker
 
 
 @pytest.mark.redis

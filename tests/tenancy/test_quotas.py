@@ -18,9 +18,16 @@ import redis.asyncio as aioredis
 
 from tenancy.errors import ServiceUnavailable
 from tenancy.ids import RequestId
-from tenancy.quota_memory import InProcessQuotaStore
-from tenancy.quota_redis import RedisQuotaStore
-from tenancy.quotas import Admission, Limit, QuotaExceeded, QuotaLimits, QuotaStore, QuotaSubject
+from tenancy.quota.memory_store import InProcessQuotaStore
+from tenancy.quota.redis_store import RedisQuotaStore
+from tenancy.quota.store import (
+    Admission,
+    Limit,
+    QuotaExceeded,
+    QuotaLimits,
+    QuotaStore,
+    QuotaSubject,
+)
 from tenancy.redis_client import make_redis
 
 REPO = Path(__file__).resolve().parents[2]

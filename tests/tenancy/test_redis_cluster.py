@@ -22,13 +22,13 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis_cluster import RedisClusterNodes, redis_cluster
 
+from tenancy.auth.key_format import KeyMinter
+from tenancy.auth.key_verify import KeyCache, KeyVerifier, VerifiedKey
+from tenancy.auth.scopes import Scope
 from tenancy.ids import ApiKeyId, RequestId, TenantId
-from tenancy.key_auth import KeyCache, KeyVerifier, VerifiedKey
-from tenancy.keys import KeyMinter
-from tenancy.quota_redis import RedisQuotaStore
-from tenancy.quotas import QuotaExceeded, QuotaLimits, QuotaSubject
+from tenancy.quota.redis_store import RedisQuotaStore
+from tenancy.quota.store import QuotaExceeded, QuotaLimits, QuotaSubject
 from tenancy.redis_client import make_redis
-from tenancy.scopes import Scope
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.redis

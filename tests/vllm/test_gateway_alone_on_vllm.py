@@ -15,7 +15,7 @@ from gateway_process import TenantInfo, start_gateway
 from vllm_gateway import MODEL, chat, restart_gateway, sdk, until, vllm_gateway_env
 from vllm_servers import VllmServer
 
-from gateway.demo_adapters import demo_adapter_files
+from gateway.demo.adapters import demo_adapter_files
 from tenancy.adapters.base_model import base_model_spec
 
 pytestmark = pytest.mark.vllm

@@ -19,7 +19,7 @@ from openai import BadRequestError
 from vllm_gateway import MODEL, chat, sdk, until, usage_rows
 from vllm_servers import VllmServer
 
-from gateway.demo_adapters import demo_adapter_files
+from gateway.demo.adapters import demo_adapter_files
 from tenancy.adapters.base_model import base_model_spec
 
 pytestmark = pytest.mark.vllm

@@ -13,11 +13,11 @@ import httpx
 import pytest
 import uvicorn
 
-from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.loop.async_engine import AsyncEngine
+from engine.loop.llm_engine import LLMEngine
 from engine.server import create_app
-from tests.engine.async_helpers import TIMEOUT_S, shut_down_checked
+from tests.engine.loop.async_helpers import TIMEOUT_S, shut_down_checked
 
 
 @pytest.fixture(scope="module")

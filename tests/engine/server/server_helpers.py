@@ -1,8 +1,8 @@
 """What the engine-server tests share: the request body, SSE parsing, the untouched-engine
 check, waiting for a state, metric samples, fault injection. The fixtures (the engine on the
 tiny model, an ASGI client, a live uvicorn) are in this directory's conftest.py; the idle check
-and the checked shutdown, shared with tests/engine/test_async_engine.py, in
-tests/engine/async_helpers.py."""
+and the checked shutdown, shared with tests/engine/loop/test_async_engine.py, in
+tests/engine/loop/async_helpers.py."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.async_engine import AsyncEngine
-from engine.llm_engine import LLMEngine
+from engine.loop.async_engine import AsyncEngine
+from engine.loop.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
-from tests.engine.async_helpers import TIMEOUT_S
+from tests.engine.loop.async_helpers import TIMEOUT_S
 
 GENERATE = "/inference/v1/generate"
 LONG = 1500  # max_tokens of a request that is still running whenever a test acts on it

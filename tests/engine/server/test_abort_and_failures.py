@@ -8,9 +8,9 @@ import asyncio
 import httpx
 import pytest
 
-from engine.async_engine import AsyncEngine
-from engine.llm_engine import LLMEngine
-from tests.engine.async_helpers import TIMEOUT_S, assert_idle_and_consistent
+from engine.loop.async_engine import AsyncEngine
+from engine.loop.llm_engine import LLMEngine
+from tests.engine.loop.async_helpers import TIMEOUT_S, assert_idle_and_consistent
 from tests.engine.server.server_helpers import (
     GENERATE,
     LONG,

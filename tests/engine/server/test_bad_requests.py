@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.loop.async_engine import AsyncEngine
+from engine.loop.llm_engine import LLMEngine
 from engine.server import create_app
 from tests.engine.server.server_helpers import (
     GENERATE,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from engine.async_engine import AsyncEngine
-from tests.engine.async_helpers import assert_idle_and_consistent
+from engine.loop.async_engine import AsyncEngine
+from tests.engine.loop.async_helpers import assert_idle_and_consistent
 from tests.engine.server.server_helpers import (
     GENERATE,
     engine_untouched,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import httpx
 from prometheus_client import REGISTRY, generate_latest
 
-from engine.async_engine import AsyncEngine
+from engine.loop.async_engine import AsyncEngine
 from engine.metrics import MAX_TENANT_LABELS, OTHER_TENANT, EngineMetrics, priority_band
 from engine.outputs import EngineStats
-from tests.engine.async_helpers import TIMEOUT_S
+from tests.engine.loop.async_helpers import TIMEOUT_S
 from tests.engine.server.server_helpers import (
     GENERATE,
     gen_body,

@@ -1,0 +1,1 @@
+"""`loragate demo`: the one-command demo on the embedded default, and its generated adapters."""

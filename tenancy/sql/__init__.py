@@ -1,0 +1,1 @@
+"""The tenancy database: the SQLAlchemy schema, the async engine and sessions, and Alembic's migrations."""
