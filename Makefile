@@ -93,7 +93,7 @@ vllm-venv: $(VLLM_STAMP)
 test-gpu: $(STAMP)
 	TRITON_INTERPRET=0 $(BIN)/python -m pytest -m gpu $(PYTEST_ARGS)
 
-# The gateway on real `vllm serve --tokens-only` servers (tests/vllm, and the OpenAI SDK session
+# The gateway on real `vllm serve --enable-scale-out` servers (tests/vllm, and the OpenAI SDK session
 # of tests/e2e on vLLM engines); the first run builds the venv above.
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	LORAGATE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -m vllm $(PYTEST_ARGS)
