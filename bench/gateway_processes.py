@@ -5,28 +5,24 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-import httpx
+# The start-and-wait helper is the tests' (tests/server_process.py): one for both.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from server_process import free_port, start_logged, wait_healthy
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer")
+def wait_http(
+    url: str,
+    timeout_s: float = 120.0,
+    proc: subprocess.Popen[bytes] | None = None,
+    log_path: Path | None = None,
+) -> None:
+    """Until `url` answers 200; with `proc` and its `log_path` (from Processes.start), the wait
+    also ends, with the end of that log, as soon as the process exits."""
+    wait_healthy(url, proc, log_path, timeout_s=timeout_s, interval_s=0.1)
 
 
 class Processes:
@@ -34,13 +30,15 @@ class Processes:
         self.workdir = workdir
         self.procs: list[subprocess.Popen[bytes]] = []
 
+    def log_path(self, name: str) -> Path:
+        return self.workdir / f"{name}.log"
+
     def start(
         self, name: str, args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
-    ) -> None:
-        with open(self.workdir / f"{name}.log", "wb") as log:
-            self.procs.append(
-                subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
-            )
+    ) -> subprocess.Popen[bytes]:
+        proc = start_logged(args, self.log_path(name), env=env, cwd=cwd)
+        self.procs.append(proc)
+        return proc
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

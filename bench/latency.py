@@ -43,10 +43,13 @@ from typing import Any
 import httpx
 import torch
 import vllm_offline
-from gateway_processes import free_port
 from plan import ensure_model
 from report import load_average, write_record
 from workload import BenchRequest, WorkloadSpec, make_workload, token_pool
+
+# The start-and-wait helper is the tests' (tests/server_process.py): one for both.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from server_process import free_port, start_logged, wait_healthy
 
 BIN = Path(sys.executable).parent
 VLLM_CLI = Path(__file__).with_name("vllm_cli.py")
@@ -82,24 +85,14 @@ class Server:
 
 def start(name: str, argv: list[str], env: dict[str, str], port: int, workdir: Path) -> Server:
     log = workdir / f"{name}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
+    proc = start_logged(argv, log, env=env, new_session=True)
     return Server(name, f"http://127.0.0.1:{port}", proc, log)
 
 
-def wait_healthy(server: Server) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"{server.name} exited:\n{server.log.read_text()[-3000:]}")
-        try:
-            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{server.name} did not answer /health")
+def wait_up(server: Server) -> None:
+    wait_healthy(
+        server.url + "/health", server.proc, server.log, timeout_s=START_TIMEOUT_S, interval_s=0.5
+    )
 
 
 def start_loragate(model: Path, dtype: str, threads: int, workdir: Path) -> Server:
@@ -256,12 +249,12 @@ def measure(
         # One start-up at a time: loragate times its kernels against oneDNN at start-up
         # (engine/step/native_matmul.py), and beside vLLM's load and compile those timings lose
         # (an AVX2 EPYC's run chose PyTorch's bf16 loop: TTFT 1.1 s instead of 0.2).
-        wait_healthy(servers[0])
+        wait_up(servers[0])
         print_startup_choices(servers[0])
         if python is not None:
             servers.append(start_vllm(python, model, dtype, workdir))
             timings["vllm"] = []
-            wait_healthy(servers[1])
+            wait_up(servers[1])
         with httpx.Client(timeout=600) as client:
             for server in servers:  # compiled kernels, allocator growth, connections
                 for r in warmup:

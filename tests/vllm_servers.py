@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from services import free_port
+from server_process import free_port, start_logged, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_CLI = Path(__file__).with_name("vllm") / "vllm_cli.py"
@@ -93,31 +93,23 @@ def start_vllm(
     if python is None:
         raise RuntimeError("no vLLM venv: `make vllm-venv`")
     servers = []
-    for i in range(count):
-        port = free_port()
-        log_path = workdir / f"vllm-{port}.log"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
+    try:
+        for i in range(count):
+            port = free_port()
+            log_path = workdir / f"vllm-{port}.log"
+            proc = start_logged(
                 [str(python), str(VLLM_CLI), "serve", str(model_dir), "--host", "127.0.0.1",
                  "--port", str(port), "--served-model-name", "tiny", *SERVE_ARGS,
                  *(extra[i] if i < len(extra) else ())],
-                stdout=log, stderr=subprocess.STDOUT, env=vllm_env(), start_new_session=True,
+                log_path, env=vllm_env(), new_session=True,
             )  # fmt: skip
-        servers.append(VllmServer(f"http://127.0.0.1:{port}", proc, log_path))
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    try:
+            servers.append(VllmServer(f"http://127.0.0.1:{port}", proc, log_path))
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
         for server in servers:
-            while True:
-                if server.proc.poll() is not None:
-                    raise RuntimeError(server.log_path.read_text(errors="replace")[-3000:])
-                try:
-                    if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("vLLM did not start")
-                time.sleep(0.5)
+            wait_healthy(
+                server.url + "/health", server.proc, server.log_path,
+                timeout_s=max(0.0, deadline - time.monotonic()), interval_s=0.5,
+            )  # fmt: skip
     except BaseException:
         for server in servers:
             server.stop()

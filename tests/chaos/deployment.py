@@ -14,7 +14,6 @@ import contextlib
 import os
 import secrets
 import signal
-import subprocess
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -24,7 +23,8 @@ from typing import Any
 import httpx
 import redis
 from engine_processes import EngineProcess
-from gateway_process import BIN, GatewayProcess, TenantInfo, bootstrap_admin, free_port
+from gateway_process import BIN, GatewayProcess, TenantInfo, bootstrap_admin
+from server_process import free_port, start_logged, wait_healthy
 from services import delete_redis_keys
 from sqlalchemy import select
 
@@ -69,11 +69,10 @@ def launch_gateway(
     """Start one `loragate serve` (no bootstrap: the database already has its admin)."""
     port = free_port()
     log_path = workdir / f"gateway-{port}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [str(BIN / "loragate"), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    proc = start_logged(
+        [str(BIN / "loragate"), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+        log_path, env=env,
+    )  # fmt: skip
     gateway = GatewayProcess(
         url=f"http://127.0.0.1:{port}",
         admin_key=admin_key,
@@ -86,17 +85,7 @@ def launch_gateway(
 
 
 def wait_ready(gateway: GatewayProcess, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if gateway.proc.poll() is not None:
-            raise RuntimeError(f"gateway exited early:\n{gateway.log_text()[-3000:]}")
-        try:
-            if httpx.get(gateway.url + "/ready", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"gateway did not become ready:\n{gateway.log_text()[-3000:]}")
+    wait_healthy(gateway.url + "/ready", gateway.proc, gateway.log_path, timeout_s=timeout_s)
 
 
 @dataclass

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from services import free_port
+from server_process import free_port, start_logged, wait_healthy
 
 BIN = Path(sys.executable).parent
+STARTUP_TIMEOUT_S = 180.0  # for all of them: they start at once
 
 
 @dataclass
@@ -42,28 +43,25 @@ def start_engines(model_dir: Path, workdir: Path, count: int, *args: str) -> lis
     oversubscribe the cores and every step slows down."""
     threads = max(1, (os.cpu_count() or 1) // count)
     engines = []
-    for _ in range(count):
-        port = free_port()
-        log_path = workdir / f"engine-{port}.log"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
+    try:
+        for _ in range(count):
+            port = free_port()
+            log_path = workdir / f"engine-{port}.log"
+            proc = start_logged(
                 [str(BIN / "loragate"), "engine", "--model", str(model_dir), "--port", str(port),
                  "--served-model-name", "tiny", "--num-kv-blocks", "512", "--max-num-seqs", "16",
                  "--threads", str(threads), *args],
-                stdout=log, stderr=subprocess.STDOUT,
+                log_path,
             )  # fmt: skip
-        engines.append(EngineProcess(f"http://127.0.0.1:{port}", proc, log_path))
-    deadline = time.monotonic() + 180
-    for engine in engines:
-        while True:
-            if engine.proc.poll() is not None:
-                raise RuntimeError(engine.log_path.read_text()[-3000:])
-            try:
-                if httpx.get(engine.url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("engine did not start")
-            time.sleep(0.2)
+            engines.append(EngineProcess(f"http://127.0.0.1:{port}", proc, log_path))
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        for engine in engines:
+            wait_healthy(
+                engine.url + "/health", engine.proc, engine.log_path,
+                timeout_s=max(0.0, deadline - time.monotonic()),
+            )  # fmt: skip
+    except BaseException:
+        for engine in engines:  # one that failed to start leaves none behind
+            engine.kill()
+        raise
     return engines
