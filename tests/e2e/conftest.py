@@ -15,6 +15,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "gateway"))  # engine_processes
+# The dashboard's browser fixtures are here so that every dashboard test module shares one world.
+from dashboard_world import chromium, driver, world  # noqa: F401
 from gateway_process import GatewayProcess, gateway_env, start_gateway
 
 ENGINE_KINDS = ["embedded", "loragate-http", pytest.param("vllm", marks=pytest.mark.vllm)]
