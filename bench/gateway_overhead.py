@@ -4,7 +4,7 @@ Measured with `wrk`, in one run, on the same request body (`POST /inference/v1/g
 tokens, not streamed):
 
 - "stand-in": an engine stand-in that answers the tokens-only protocol instantly (a BENCHMARK
-  FIXTURE ONLY, defined in this file), called directly, then through one gateway worker
+  FIXTURE ONLY, bench/gateway_standin.py), called directly, then through one gateway worker
   (`loragate serve`, HTTP engine mode, Redis quota store, SQLite key store, metrics on);
 - "tiny engine": the real engine server on the tiny model, directly, then through a gateway.
 
@@ -12,6 +12,9 @@ Latency (p50 / p99) comes from runs with one connection (requests back to back),
 cost of one request rather than queueing; throughput (requests/s) from runs with many
 connections. "Added" is the gateway run minus the direct run. `--json PATH` writes
 `{"added_ms": {"p50", "p99"}, "rps_per_worker", ...}`; `--quick` finishes in under a minute.
+
+This file starts the processes and gateways; the wrk runs are in bench/gateway_wrk.py, the report
+in bench/gateway_report.py.
 """
 
 from __future__ import annotations
@@ -20,10 +23,8 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import secrets
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,17 +32,16 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 from gateway_processes import Processes, free_port, start_redis, wait_http
+from gateway_report import print_table, summarize
+from gateway_wrk import Target, measure
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-BODY = {"token_ids": list(range(100, 132)), "sampling_params": {"max_tokens": 8, "temperature": 0}}
 
 
 async def bootstrap(env: dict[str, str]) -> str:
@@ -154,95 +154,6 @@ def start_gateway(
     return url, bench_key(url, admin)
 
 
-# ---- wrk ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class WrkResult:
-    p50_ms: float
-    p99_ms: float
-    rps: float
-    errors: int
-
-
-_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
-
-
-def _ms(text: str) -> float:
-    match = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
-    if match is None:
-        raise ValueError(f"unreadable wrk latency {text!r}")
-    return float(match[1]) * _UNITS[match[2]]
-
-
-def run_wrk(
-    url: str,
-    key: str | None,
-    *,
-    connections: int,
-    duration_s: int,
-    workdir: Path,
-    stream: bool = False,
-) -> WrkResult:
-    script = workdir / f"wrk-{uuid.uuid4().hex[:6]}.lua"
-    headers = f'wrk.headers["Authorization"] = "Bearer {key}"\n' if key else ""
-    script.write_text(
-        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f"{headers}wrk.body = [[{json.dumps({**BODY, 'stream': stream})}]]\n"
-    )
-    script.chmod(0o600)
-    out = subprocess.run(
-        [
-            "wrk",
-            "-t1",
-            f"-c{connections}",
-            f"-d{duration_s}s",
-            "--latency",
-            "-s",
-            str(script),
-            url + "/inference/v1/generate",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    script.unlink()
-    latency = dict(re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, re.M))
-    if "50" not in latency or "99" not in latency:
-        raise RuntimeError(f"wrk gave no latency distribution:\n{out}")
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return WrkResult(_ms(latency["50"]), _ms(latency["99"]), rps, int(errors[1]) if errors else 0)
-
-
-Target = tuple[str, str | None, bool]  # url, key, stream
-
-
-def measure(
-    targets: dict[str, Target], args: argparse.Namespace, workdir: Path
-) -> dict[str, dict[str, Any]]:
-    """Interleaved rounds (each target once per round, latency then load); medians over rounds,
-    so a burst of load from other processes hits every target alike."""
-    rounds: dict[str, list[tuple[WrkResult, WrkResult]]] = {name: [] for name in targets}
-    for url, key, stream in targets.values():
-        run_wrk(url, key, connections=4, duration_s=1, workdir=workdir, stream=stream)  # warm-up
-    for _ in range(args.rounds):
-        for name, (url, key, stream) in targets.items():
-            run = partial(run_wrk, url, key, workdir=workdir, stream=stream)
-            latency = run(connections=1, duration_s=args.duration)
-            load = run(connections=args.connections, duration_s=args.duration)
-            rounds[name].append((latency, load))
-    return {
-        name: {
-            "p50_ms": statistics.median(lat.p50_ms for lat, _ in runs),
-            "p99_ms": statistics.median(lat.p99_ms for lat, _ in runs),
-            "rps": statistics.median(load.rps for _, load in runs),
-            "errors": sum(lat.errors + load.errors for lat, load in runs),
-        }
-        for name, runs in rounds.items()
-    }
-
-
 # ---- main ---------------------------------------------------------------------------------------
 
 
@@ -350,84 +261,6 @@ def main() -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
-
-
-def summarize(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    direct, via = results["stand-in direct"], results["stand-in via gateway"]
-    report: dict[str, Any] = {
-        "added_ms": {
-            "p50": round(via["p50_ms"] - direct["p50_ms"], 3),
-            "p99": round(via["p99_ms"] - direct["p99_ms"], 3),
-        },
-        "rps_per_worker": round(via["rps"], 1),
-        "engine": "stand-in (benchmark fixture: answers the tokens-only protocol instantly)",
-        "runs": results,
-        "config": {
-            "quick": args.quick,
-            "duration_s": args.duration,
-            "rounds": args.rounds,
-            "connections": args.connections,
-            "gateway_workers": 1,
-            "request": "POST /inference/v1/generate, 32 prompt tokens, 8 new tokens",
-        },
-    }
-    if "stand-in via baseline gateway" in results:
-        base = results["stand-in via baseline gateway"]
-        base_added = base["p50_ms"] - direct["p50_ms"]
-        report["baseline"] = {
-            "source": str(args.baseline_src),
-            "added_ms": {
-                "p50": round(base_added, 3),
-                "p99": round(base["p99_ms"] - direct["p99_ms"], 3),
-            },
-            "rps_per_worker": round(base["rps"], 1),
-            # > 1: this code adds more than the baseline / serves fewer requests per second.
-            "ratio_added_p50": round(report["added_ms"]["p50"] / base_added, 3),
-            "ratio_rps": round(via["rps"] / base["rps"], 3),
-        }
-    if "tiny engine via gateway" in results:
-        via = results["tiny engine via gateway"]
-
-        def added(base: dict[str, Any]) -> dict[str, float]:
-            return {k: round(via[f"{k}_ms"] - base[f"{k}_ms"], 3) for k in ("p50", "p99")}
-
-        if "tiny engine direct" in results:
-            report["tiny_engine_added_ms_vs_unstreamed"] = added(results["tiny engine direct"])
-        report["tiny_engine"] = {
-            # The gateway always streams from the engine (it detokenizes and watches for stop
-            # strings), so the streamed direct call is the like-for-like baseline.
-            "added_ms": added(results["tiny engine direct, streamed"]),
-            "rps_direct_streamed": round(results["tiny engine direct, streamed"]["rps"], 1),
-            "rps_via_gateway": round(via["rps"], 1),
-        }
-    return report
-
-
-def print_table(results: dict[str, dict[str, Any]], report: dict[str, Any]) -> None:
-    print(f"\n{'run':<34}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}{'errors':>8}")
-    for name, r in results.items():
-        print(
-            f"{name:<34}{r['p50_ms']:>10.3f}{r['p99_ms']:>10.3f}{r['rps']:>10.1f}{r['errors']:>8}"
-        )
-    added = report["added_ms"]
-    print(
-        f"\ngateway added (stand-in engine, a benchmark fixture): p50 {added['p50']:.3f} ms, "
-        f"p99 {added['p99']:.3f} ms; {report['rps_per_worker']:.0f} req/s per gateway worker"
-    )
-    if "baseline" in report:
-        b = report["baseline"]
-        print(
-            f"baseline gateway ({b['source']}): p50 {b['added_ms']['p50']:.3f} ms added, "
-            f"{b['rps_per_worker']:.0f} req/s; this code / baseline: added p50 x"
-            f"{b['ratio_added_p50']:.3f}, req/s x{b['ratio_rps']:.3f}"
-        )
-    if "tiny_engine" in report:
-        t = report["tiny_engine"]
-        print(
-            f"gateway added (real engine, tiny model, vs the engine streamed): "
-            f"p50 {t['added_ms']['p50']:.3f} ms, p99 {t['added_ms']['p99']:.3f} ms"
-        )
-    print("goal: at most 2 ms added at p50, at least 500 req/s per gateway worker")
 
 
 if __name__ == "__main__":

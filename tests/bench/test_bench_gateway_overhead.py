@@ -1,4 +1,5 @@
-"""bench/gateway_overhead.py: wrk output parsing, and (slow) `--quick --json` end to end."""
+"""bench/gateway_overhead.py: wrk output parsing (bench/gateway_wrk.py), and (slow) `--quick --json`
+end to end."""
 
 from __future__ import annotations
 
@@ -29,13 +30,13 @@ Transfer/sec:    443.00KB
 
 def test_wrk_output_is_parsed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.syspath_prepend(str(BENCH.parent))
-    import gateway_overhead
+    import gateway_wrk
 
     class Done:
         stdout = WRK_OUTPUT
 
-    monkeypatch.setattr(gateway_overhead.subprocess, "run", lambda *a, **k: Done())
-    result = gateway_overhead.run_wrk(
+    monkeypatch.setattr(gateway_wrk.subprocess, "run", lambda *a, **k: Done())
+    result = gateway_wrk.run_wrk(
         "http://127.0.0.1:1", "k", connections=1, duration_s=3, workdir=tmp_path
     )
     assert (result.p50_ms, result.p99_ms, result.rps, result.errors) == (1.55, 3.2, 616.52, 0)

@@ -1,0 +1,85 @@
+"""The report of `bench/gateway_overhead.py`: what the gateway added (the gateway run minus the
+direct run) as the JSON that `--json` writes, and the table printed after a run."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def summarize(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    direct, via = results["stand-in direct"], results["stand-in via gateway"]
+    report: dict[str, Any] = {
+        "added_ms": {
+            "p50": round(via["p50_ms"] - direct["p50_ms"], 3),
+            "p99": round(via["p99_ms"] - direct["p99_ms"], 3),
+        },
+        "rps_per_worker": round(via["rps"], 1),
+        "engine": "stand-in (benchmark fixture: answers the tokens-only protocol instantly)",
+        "runs": results,
+        "config": {
+            "quick": args.quick,
+            "duration_s": args.duration,
+            "rounds": args.rounds,
+            "connections": args.connections,
+            "gateway_workers": 1,
+            "request": "POST /inference/v1/generate, 32 prompt tokens, 8 new tokens",
+        },
+    }
+    if "stand-in via baseline gateway" in results:
+        base = results["stand-in via baseline gateway"]
+        base_added = base["p50_ms"] - direct["p50_ms"]
+        report["baseline"] = {
+            "source": str(args.baseline_src),
+            "added_ms": {
+                "p50": round(base_added, 3),
+                "p99": round(base["p99_ms"] - direct["p99_ms"], 3),
+            },
+            "rps_per_worker": round(base["rps"], 1),
+            # > 1: this code adds more than the baseline / serves fewer requests per second.
+            "ratio_added_p50": round(report["added_ms"]["p50"] / base_added, 3),
+            "ratio_rps": round(via["rps"] / base["rps"], 3),
+        }
+    if "tiny engine via gateway" in results:
+        via = results["tiny engine via gateway"]
+
+        def added(base: dict[str, Any]) -> dict[str, float]:
+            return {k: round(via[f"{k}_ms"] - base[f"{k}_ms"], 3) for k in ("p50", "p99")}
+
+        if "tiny engine direct" in results:
+            report["tiny_engine_added_ms_vs_unstreamed"] = added(results["tiny engine direct"])
+        report["tiny_engine"] = {
+            # The gateway always streams from the engine (it detokenizes and watches for stop
+            # strings), so the streamed direct call is the like-for-like baseline.
+            "added_ms": added(results["tiny engine direct, streamed"]),
+            "rps_direct_streamed": round(results["tiny engine direct, streamed"]["rps"], 1),
+            "rps_via_gateway": round(via["rps"], 1),
+        }
+    return report
+
+
+def print_table(results: dict[str, dict[str, Any]], report: dict[str, Any]) -> None:
+    print(f"\n{'run':<34}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}{'errors':>8}")
+    for name, r in results.items():
+        print(
+            f"{name:<34}{r['p50_ms']:>10.3f}{r['p99_ms']:>10.3f}{r['rps']:>10.1f}{r['errors']:>8}"
+        )
+    added = report["added_ms"]
+    print(
+        f"\ngateway added (stand-in engine, a benchmark fixture): p50 {added['p50']:.3f} ms, "
+        f"p99 {added['p99']:.3f} ms; {report['rps_per_worker']:.0f} req/s per gateway worker"
+    )
+    if "baseline" in report:
+        b = report["baseline"]
+        print(
+            f"baseline gateway ({b['source']}): p50 {b['added_ms']['p50']:.3f} ms added, "
+            f"{b['rps_per_worker']:.0f} req/s; this code / baseline: added p50 x"
+            f"{b['ratio_added_p50']:.3f}, req/s x{b['ratio_rps']:.3f}"
+        )
+    if "tiny_engine" in report:
+        t = report["tiny_engine"]
+        print(
+            f"gateway added (real engine, tiny model, vs the engine streamed): "
+            f"p50 {t['added_ms']['p50']:.3f} ms, p99 {t['added_ms']['p99']:.3f} ms"
+        )
+    print("goal: at most 2 ms added at p50, at least 500 req/s per gateway worker")
