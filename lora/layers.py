@@ -37,7 +37,8 @@ from torch import nn
 
 from kernels.cpu import huge_pages
 from kernels.cpu.gathered import GatheredKernel, compiled_gathered_rows, gathered_rows, warm_up
-from kernels.cpu.rows import NativeBuildError, native_rows
+from kernels.cpu.native.build import NativeBuildError, NoCompilerError
+from kernels.cpu.rows import native_rows
 from kernels.triton.meta import LoRAKernelMeta
 from kernels.triton.ops import lora_add
 from lora.batch import LoRABatch, LoRAPart
@@ -282,6 +283,10 @@ class LoRALayers:
         kernel: GatheredKernel
         try:
             kernel, which = native_rows(), "native"
+        except NoCompilerError as exc:  # inductor compiles C++ too: nothing would compile
+            logger.info("LoRA CPU kernel: eager (%s)", exc)
+            self.context.cpu_gathered = gathered_rows
+            return "eager"
         except NativeBuildError as exc:
             logger.warning("LoRA CPU kernel: C build failed (%s); compiling it with inductor", exc)
             kernel, which = compiled_gathered_rows(), "compiled"

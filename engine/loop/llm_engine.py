@@ -35,7 +35,7 @@ from engine.step.native_matmul import prepare_linears
 from engine.step.threads import apply_threads
 from engine.structured.compiler import CompilerLimits, GrammarCompiler
 from engine.structured.masks import MaskOps
-from kernels.cpu.rows import built_or_none
+from kernels.cpu.native.build import built_or_none
 from kernels.cpu.token_mask import token_mask
 from lora.manager import LoRAManager
 from lora.registry import AdapterId

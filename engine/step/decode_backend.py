@@ -18,7 +18,7 @@ import torch
 from engine.step.attention import AttentionMetadata, DecodeBackend, decode_attention
 from engine.step.timing import best_time
 from kernels.cpu.attention import native_paged_decode
-from kernels.cpu.rows import NativeBuildError
+from kernels.cpu.native.build import built_or_none
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +31,8 @@ _ROWS, _CONTEXT, _BLOCK_SIZE, _REPEATS = 16, 256, 16, 5
 
 def native_available(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether the native kernel serves this dtype and device, building it if needed."""
-    try:
-        return native_paged_decode().supports(dtype, device)
-    except NativeBuildError as exc:
-        log.warning("native decode attention unavailable (%s); gathering instead", exc)
-        return False
+    kernel = built_or_none(native_paged_decode, "native decode attention unavailable; gathering")
+    return kernel is not None and kernel.supports(dtype, device)
 
 
 def choose_decode_backend(

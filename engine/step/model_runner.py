@@ -26,7 +26,7 @@ from engine.step.prefill_backend import choose_prefill_kernel, choose_prefill_so
 from kernels.cpu import huge_pages
 from kernels.cpu.decoder import PrefillStep
 from kernels.cpu.layer import native_layer
-from kernels.cpu.rows import built_or_none
+from kernels.cpu.native.build import built_or_none
 from lora.batch import LoRABatch
 from lora.manager import LoRAManager
 

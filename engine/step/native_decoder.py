@@ -38,8 +38,9 @@ from kernels.cpu.decoder import (
 )
 from kernels.cpu.layer import NativeLayer
 from kernels.cpu.matmul import NativeMatmul
+from kernels.cpu.native.build import NativeBuildError
 from kernels.cpu.prefill import NativePrefill
-from kernels.cpu.rows import MAX_FUSED_RANK, NativeBuildError, NativeRows
+from kernels.cpu.rows import MAX_FUSED_RANK, NativeRows
 from lora.batch import LoRABatch
 from lora.layers import LoRALinear, LoRAStepContext
 

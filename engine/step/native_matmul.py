@@ -36,7 +36,7 @@ from engine.step.packed_linear import PackedLinear, can_pack, pack_linears, pack
 from engine.step.timing import best_time
 from kernels.cpu.layer import native_layer
 from kernels.cpu.matmul import GATE_UP_GROUP, NativeMatmul, native_matmul
-from kernels.cpu.rows import built_or_none
+from kernels.cpu.native.build import built_or_none
 
 log = logging.getLogger(__name__)
 

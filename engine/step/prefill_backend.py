@@ -22,8 +22,8 @@ import torch
 from engine.step.attention import PrefillSegment, prefill_matmul, prefill_sdpa
 from engine.step.timing import best_time
 from kernels.cpu.layer import NativeLayer
+from kernels.cpu.native.build import built_or_none
 from kernels.cpu.prefill import NativePrefill, native_prefill
-from kernels.cpu.rows import built_or_none
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu.rows import build, load_entries
+from kernels.cpu.native.build import build, load_entries
 
 SOURCE = Path(__file__).parent / "native" / "attention.cpp"
 _ENTRIES = {torch.bfloat16: "paged_decode_bf16", torch.float32: "paged_decode_f32"}
@@ -97,6 +97,6 @@ paged_decode_op.register_fake(lambda q, *_: q.new_empty(q.shape))
 
 @functools.cache
 def native_paged_decode() -> NativePagedDecode:
-    """The kernel, built on first call. Raises kernels.cpu.rows.NativeBuildError where it
+    """The kernel, built on first call. Raises kernels.cpu.native.build.NativeBuildError where it
     cannot be built; not cached then."""
     return NativePagedDecode(build(source=SOURCE))

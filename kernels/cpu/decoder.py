@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
+from kernels.cpu.native.build import build, entry_address
 from kernels.cpu.prefill import PrefillChunks
-from kernels.cpu.rows import build, entry_address
 
 SOURCE = Path(__file__).parent / "native" / "decoder.cpp"
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -394,6 +394,6 @@ class NativeDecoder:
 
 @functools.cache
 def decoder_library() -> Path:
-    """The decoder's library, built on first call (kernels.cpu.rows.NativeBuildError where it
+    """The decoder's library, built on first call (kernels.cpu.native.build.NativeBuildError where it
     cannot be)."""
     return build(source=SOURCE)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from kernels.cpu.rows import build
+from kernels.cpu.native.build import build
 
 SOURCE = Path(__file__).parent / "native" / "layer.cpp"
 # PyTorch rounds a product before the add that follows it; a contracted FMA would not.
@@ -193,6 +193,6 @@ class NativeLayer:
 
 @functools.cache
 def native_layer() -> NativeLayer:
-    """The kernels, built on first call. Raises kernels.cpu.rows.NativeBuildError where they
+    """The kernels, built on first call. Raises kernels.cpu.native.build.NativeBuildError where they
     cannot be built; not cached then."""
     return NativeLayer(build(source=SOURCE, extra_flags=EXTRA_FLAGS))

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kernels.cpu import huge_pages
-from kernels.cpu.rows import build
+from kernels.cpu.native.build import build
 
 SOURCE = Path(__file__).parent / "native" / "matmul.cpp"
 # The fused SiLU rounds as kernels/cpu/native/layer.cpp's silu_mul, built the same way.
@@ -196,6 +196,6 @@ class NativeMatmul:
 
 @functools.cache
 def native_matmul() -> NativeMatmul:
-    """The kernel, built on first call. Raises kernels.cpu.rows.NativeBuildError where it
+    """The kernel, built on first call. Raises kernels.cpu.native.build.NativeBuildError where it
     cannot be built; not cached then."""
     return NativeMatmul(build(source=SOURCE, extra_flags=EXTRA_FLAGS))

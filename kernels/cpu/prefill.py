@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from kernels.cpu.rows import build
+from kernels.cpu.native.build import build
 
 SOURCE = Path(__file__).parent / "native" / "prefill.cpp"
 # The softmax rounds as kernels/cpu/native/layer.cpp's causal_softmax, built the same way.
@@ -171,6 +171,6 @@ class NativePrefill:
 
 @functools.cache
 def native_prefill() -> NativePrefill:
-    """The kernel, built on first call. Raises kernels.cpu.rows.NativeBuildError where it
+    """The kernel, built on first call. Raises kernels.cpu.native.build.NativeBuildError where it
     cannot be built; not cached then."""
     return NativePrefill(build(source=SOURCE, extra_flags=EXTRA_FLAGS))

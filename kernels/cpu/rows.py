@@ -1,7 +1,5 @@
-"""The hand-written CPU kernels (kernels/cpu/native/*.cpp): built once per machine with the system's
-C++ compiler, cached on disk beside inductor's artefacts, called through ctypes. This module
-builds any of them and wraps the LoRA short-run kernel (kernels/cpu/native/rows.cpp);
-kernels/cpu/attention.py wraps decode attention.
+"""The LoRA short-run kernel (kernels/cpu/native/rows.cpp), built by kernels/cpu/native/build.py
+and called through ctypes; kernels/cpu/attention.py and its siblings wrap the other kernels.
 
 The short-run kernel computes what `kernels.cpu.gathered.gathered_rows` states, for bfloat16
 and float32 with plain layouts (unit column strides, contiguous stacks: what lora/layers.py
@@ -18,156 +16,21 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-from kernels.cpu.gathered import GatheredKernel, compiled_gathered_rows
-
-T = TypeVar("T")
-log = logging.getLogger(__name__)
+from kernels.cpu.gathered import GatheredKernel, compiled_gathered_rows, gathered_rows
+from kernels.cpu.native.build import NativeBuildError, NoCompilerError, build, load_entries
 
 SOURCE = Path(__file__).parent / "native" / "rows.cpp"
-# headers every kernel source may include; their text is part of each library's cache key
-HEADERS = tuple(
-    Path(__file__).parent / "native" / name
-    for name in (
-        "amx.h",
-        "attention_bf16.h",
-        "bf16.h",
-        "vec_math.h",
-        "dot_tile.h",
-        "fma_tile.h",
-        "lora_runs.h",
-        "lora_runs_fma.h",
-        "matmul_amx.h",
-        "matmul_rows.h",
-        "prefill_amx.h",
-        "prefill_fma.h",
-        "prefill_schedule.h",
-        "softmax_bf16.h",
-        "steal.h",
-    )
-)
-# -fno-trapping-math: without it GCC keeps every float select (a clamp, a sign test) a branch, and
-# loops with one (the softmax's and SiLU's exp) stay scalar; the kernels read no FP exception
-# flags, and no value changes.
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-trapping-math")
 _ENTRIES = {torch.bfloat16: "lora_rows_bf16", torch.float32: "lora_rows_f32"}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = [_P, _I, _P, _I, _P, _P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _I]
 _RUNS_ARGTYPES: list[Any] = [_P, _I, _P, _I, _P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _I]
 # rows.cpp holds a row's shrink output on the stack: n * rank <= 3 * 256 floats
 MAX_FUSED_RANK = 3 * 256
-
-
-class NativeBuildError(RuntimeError):
-    """No C++ compiler, or it failed: the compiled (inductor) kernel runs instead."""
-
-
-def built_or_none(make: Callable[[], T], what: str) -> T | None:
-    """`make()` (a kernel built on first call), or None with a warning naming `what` (the
-    caller's fallback, e.g. "fused layer kernels unavailable; PyTorch operators instead")
-    where it cannot be built."""
-    try:
-        return make()
-    except NativeBuildError as exc:
-        log.warning("%s (%s)", what, exc)
-        return None
-
-
-def cache_root() -> Path:
-    """Where inductor caches (TORCHINDUCTOR_CACHE_DIR, which the engine points at its
-    compile_cache_dir, else inductor's default), so one directory holds every artefact."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    return Path(cache_dir())
-
-
-def _compiler() -> str:
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if not compiler:
-        raise NativeBuildError("no C++ compiler (set CXX, or install g++)")
-    return compiler
-
-
-def _cpu_flags() -> str:
-    """-march=native builds for this CPU: the cache key names its features."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def build(
-    cache_dir: Path | None = None, source: Path = SOURCE, extra_flags: tuple[str, ...] = ()
-) -> Path:
-    """The shared library for `source`, this compiler and CPU, compiled if not cached yet.
-    extra_flags: appended to FLAGS (tests build the portable paths with -mno-avx512f)."""
-    compiler = _compiler()
-    flags = (*FLAGS, *extra_flags)
-    texts = [path.read_text() for path in (source, *HEADERS)]
-    key = hashlib.sha256(
-        "\0".join([*texts, compiler, *flags, platform.machine(), _cpu_flags()]).encode()
-    ).hexdigest()[:16]
-    directory = (cache_dir or cache_root()) / "loragate_native"
-    library = directory / f"{source.stem}-{key}.so"
-    if library.exists():
-        return library
-    directory.mkdir(parents=True, exist_ok=True)
-    # built under a temporary name and renamed: processes building at once never load half a file
-    fd, partial = tempfile.mkstemp(dir=directory, suffix=".so.partial")
-    os.close(fd)
-    try:
-        result = subprocess.run(
-            [compiler, *flags, f"-I{source.parent}", str(source), "-o", partial],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if result.returncode != 0:
-            raise NativeBuildError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
-        os.replace(partial, library)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise NativeBuildError(f"{compiler}: {exc}") from exc
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
-    return library
-
-
-def load_entries(
-    library: Path, names: dict[torch.dtype, str], argtypes: list[Any]
-) -> dict[torch.dtype, Any]:
-    """The library's entry point for each dtype, typed for ctypes (all return void)."""
-    lib = ctypes.CDLL(str(library))
-    entries = {}
-    for dtype, name in names.items():
-        entry = getattr(lib, name)
-        entry.argtypes = argtypes
-        entry.restype = None
-        entries[dtype] = entry
-    return entries
-
-
-def entry_address(library: Path, name: str) -> int:
-    """The address of `library`'s extern "C" entry `name` (the library loaded once per process:
-    a second CDLL of the same path shares the first's handle)."""
-    address = ctypes.cast(getattr(ctypes.CDLL(str(library)), name), ctypes.c_void_p).value
-    assert address is not None
-    return address
 
 
 class NativeRows:
@@ -297,13 +160,16 @@ class NativeRows:
 def native_rows() -> NativeRows:
     """The C kernel, built on first call (well under a second with gcc -O3). Raises
     NativeBuildError where it cannot be built; not cached then, so callers keep their choice."""
-    return NativeRows(build())
+    return NativeRows(build(source=SOURCE))
 
 
 @functools.cache
 def default_rows_kernel() -> GatheredKernel:
-    """What `kernels.cpu.reference.lora_add_cpu` runs when not told: the C kernel, else inductor's."""
+    """What `kernels.cpu.reference.lora_add_cpu` runs when not told: the C kernel, else
+    inductor's, else (no C++ compiler, which inductor needs too) the same kernel eager."""
     try:
         return native_rows()
+    except NoCompilerError:
+        return gathered_rows
     except NativeBuildError:
         return compiled_gathered_rows()

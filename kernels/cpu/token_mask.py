@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kernels.cpu.rows import build
+from kernels.cpu.native.build import build
 
 SOURCE = Path(__file__).parent / "native" / "token_mask.cpp"
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -116,6 +116,6 @@ class TokenMask:
 
 @functools.cache
 def token_mask() -> TokenMask:
-    """The kernels, built on first call. Raises kernels.cpu.rows.NativeBuildError where they
+    """The kernels, built on first call. Raises kernels.cpu.native.build.NativeBuildError where they
     cannot be built; not cached then."""
     return TokenMask(build(source=SOURCE))

@@ -10,7 +10,8 @@ from torch import nn
 
 from kernels.cpu import huge_pages
 from kernels.cpu.gathered import compiled_gathered_rows, gathered_rows
-from kernels.cpu.rows import NativeBuildError, native_rows
+from kernels.cpu.native.build import NativeBuildError
+from kernels.cpu.rows import native_rows
 from lora.adapter_format import PeftLoraConfig
 from lora.batch import NO_SLOT, build_lora_batch
 from lora.dims import BaseModelDims

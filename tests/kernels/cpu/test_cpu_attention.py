@@ -15,7 +15,7 @@ import torch
 
 from engine.step.attention import AttentionMetadata, decode_attention
 from kernels.cpu.attention import SOURCE, NativePagedDecode, native_paged_decode
-from kernels.cpu.rows import build
+from kernels.cpu.native.build import build
 
 
 def _case(
@@ -124,7 +124,7 @@ def test_matches_the_eager_path_and_the_oracle(shape: tuple[int, int, int, int],
     ids=["no-amx", "avx512", "avx2", "portable"],
 )
 def test_the_other_builds_match_this_machines(tmp_path, flags) -> None:  # type: ignore[no-untyped-def]
-    portable = NativePagedDecode(build(tmp_path, SOURCE, flags))
+    portable = NativePagedDecode(build(tmp_path, source=SOURCE, extra_flags=flags))
     for dtype in (torch.float32, torch.bfloat16):
         q, k_cache, v_cache, tables, lengths = _case(
             rows=7, heads=12, kv_heads=4, head_dim=64, block_size=16, dtype=dtype, seed=3

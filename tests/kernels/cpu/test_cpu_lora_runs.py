@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.cpu.rows import NativeRows, build, native_rows
+from kernels.cpu.native.build import build
+from kernels.cpu.rows import SOURCE, NativeRows, native_rows
 
 pytestmark = pytest.mark.skipif(
     not native_rows().runs_bf16,
@@ -31,7 +32,9 @@ def kernel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     AVX2 CPU)."""
     if request.param == "native":
         return native_rows()
-    rows = NativeRows(build(tmp_path_factory.mktemp("fma"), extra_flags=("-mno-avx512f",)))
+    rows = NativeRows(
+        build(tmp_path_factory.mktemp("fma"), source=SOURCE, extra_flags=("-mno-avx512f",))
+    )
     assert rows.runs_bf16
     return rows
 
@@ -126,7 +129,9 @@ def test_other_dtypes_and_builds_decline_the_call(tmp_path: Path) -> None:
     assert not native_rows().run_segments(
         x, out, segments, lora_a, b_rows, slot_ranks, ((0, 48),), 8
     )
-    portable = NativeRows(build(tmp_path, extra_flags=("-mno-avx512bf16", "-mno-fma")))
+    portable = NativeRows(
+        build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512bf16", "-mno-fma"))
+    )
     assert not portable.runs_bf16
     x, lora_a, b_rows, out = x.bfloat16(), lora_a.bfloat16(), b_rows.bfloat16(), out.bfloat16()
     assert not portable.run_segments(x, out, segments, lora_a, b_rows, slot_ranks, ((0, 48),), 8)

@@ -27,7 +27,7 @@ from kernels.cpu.matmul import (
     packed_size,
     unpack,
 )
-from kernels.cpu.rows import build
+from kernels.cpu.native.build import build
 from tests.kernels.cpu.matmul_cases import (
     KERNEL,
     at_thread_counts,

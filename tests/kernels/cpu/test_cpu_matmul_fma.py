@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernels.cpu.matmul import SOURCE, NativeMatmul, packed_size
-from kernels.cpu.rows import build
+from kernels.cpu.native.build import build
 from tests.kernels.cpu.matmul_cases import (
     KERNEL,
     at_thread_counts,

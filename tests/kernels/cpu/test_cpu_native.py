@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from kernels.cpu.gathered import gathered_rows
+from kernels.cpu.native.build import NativeBuildError, build
 from kernels.cpu.reference import lora_add_cpu
-from kernels.cpu.rows import MAX_FUSED_RANK, NativeBuildError, NativeRows, build, native_rows
+from kernels.cpu.rows import MAX_FUSED_RANK, SOURCE, NativeRows, native_rows
 from tests.kernels.lora_cases import (
     MIXES,
     assert_untouched,
@@ -54,7 +55,7 @@ def test_native_matches_the_kernel_run_eager_and_touches_only_its_rows(
 def test_the_portable_bf16_build_matches_the_avx512_bf16_one(kind: str, tmp_path: Path) -> None:
     """Where the CPU has AVX512-BF16 the bf16 shrink runs vdpbf16ps; the portable loop (built
     here with -mno-avx512bf16, what other CPUs get) computes the same rows."""
-    portable = NativeRows(build(tmp_path, extra_flags=("-mno-avx512bf16",)))
+    portable = NativeRows(build(tmp_path, source=SOURCE, extra_flags=("-mno-avx512bf16",)))
     meta, x, lora_a, lora_b = make_case(kind, 40, torch.bfloat16)
     lora_b = _stored(lora_b)
     fast, slow = fused_output(40, torch.bfloat16), fused_output(40, torch.bfloat16)
@@ -126,14 +127,14 @@ def test_other_dtypes_and_layouts_go_to_the_fallback() -> None:
 
 
 def test_the_build_is_cached_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    library = build(tmp_path)
+    library = build(tmp_path, source=SOURCE)
     assert library.exists() and library.parent == tmp_path / "loragate_native"
 
     def no_compiler(*args: object, **kwargs: object) -> None:
         raise AssertionError("the compiler ran again")
 
-    monkeypatch.setattr("kernels.cpu.rows.subprocess.run", no_compiler)
-    assert build(tmp_path) == library
+    monkeypatch.setattr("kernels.cpu.native.build.subprocess.run", no_compiler)
+    assert build(tmp_path, source=SOURCE) == library
     assert list(library.parent.iterdir()) == [library]  # no partial file left behind
 
 
@@ -142,8 +143,8 @@ def test_a_failing_compiler_raises_and_leaves_nothing(
 ) -> None:
     monkeypatch.setenv("CXX", "false")  # exits 1, writes nothing
     with pytest.raises(NativeBuildError, match="false failed"):
-        build(tmp_path)
+        build(tmp_path, source=SOURCE)
     assert list((tmp_path / "loragate_native").iterdir()) == []
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     with pytest.raises(NativeBuildError, match="no-such-compiler"):
-        build(tmp_path)
+        build(tmp_path, source=SOURCE)

@@ -15,8 +15,8 @@ import torch
 
 from engine.step.attention import PrefillSegment, prefill_matmul
 from kernels.cpu.layer import native_layer
+from kernels.cpu.native.build import build
 from kernels.cpu.prefill import SOURCE, NativePrefill, native_prefill
-from kernels.cpu.rows import build
 
 KERNEL = native_prefill()
 needs_bf16_dot = pytest.mark.skipif(

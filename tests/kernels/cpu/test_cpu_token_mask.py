@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from kernels.cpu.rows import NativeBuildError
+from kernels.cpu.native.build import NativeBuildError
 from kernels.cpu.token_mask import (
     TokenMask,
     allowed_reference,
