@@ -4,13 +4,10 @@ bodies, `chat.completion.chunk` events; tool calls read out of the answer by too
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Any
 
-from engine.protocol import SSE_DONE, sse_json
 from gateway.lifecycle.job import EngineTarget, Plan, Planner
-from gateway.openai.render import JSON, chat_logprobs
+from gateway.openai.render import JSON, Answer, Envelope, chat_logprobs
 from gateway.openai.schemas import BodyJob, ChatCompletionRequest, text_sampling
 from gateway.openai.structured import body_constraint
 from gateway.openai.text_output import TextOutput
@@ -51,12 +48,9 @@ class ChatJob(BodyJob):
         )
         params = sampling.params
         renderer = ChatRenderer(
-            response_id=target.request_id,
-            model=target.model.name,
-            created=int(time.time()),
+            Envelope.now(target, "chat.completion.chunk", include_usage=body.include_usage),
             num_choices=params.n,
             tokenizer=tokenizer,
-            include_usage=body.include_usage,
             want_logprobs=body.logprobs,
             reads_tool_calls=tools is not None and tools.reads_calls,
         )
@@ -76,29 +70,18 @@ class ChatJob(BodyJob):
 class ChatRenderer:
     def __init__(
         self,
+        envelope: Envelope,
         *,
-        response_id: str,
-        model: str,
-        created: int,
         num_choices: int,
         tokenizer: Tokenizer,
-        include_usage: bool,
         want_logprobs: bool,
         reads_tool_calls: bool = False,
     ) -> None:
-        self._head = {
-            "id": response_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-        }
+        self._envelope = envelope
         self._tokenizer = tokenizer
-        self._include_usage = include_usage
         self._want_logprobs = want_logprobs
         self._num_choices = num_choices
-        self._texts: list[list[str]] = [[] for _ in range(num_choices)]
-        self._logprobs: list[list[TokenLogprob]] = [[] for _ in range(num_choices)]
-        self._finish: list[tuple[str | None, str | int | None]] = [(None, None)] * num_choices
+        self._answer = Answer(num_choices)
         # per choice, where tool calls are read out of the answer
         self._tools = [ChoiceTools() for _ in range(num_choices)] if reads_tool_calls else None
 
@@ -110,19 +93,14 @@ class ChatRenderer:
     # ---- whole ---------------------------------------------------------------------------------
 
     def add(self, deltas: list[ChoiceDelta]) -> None:
-        for d in deltas:
-            self._texts[d.index].append(d.text)
-            if d.logprobs:
-                self._logprobs[d.index].extend(d.logprobs)
-            if d.finish_reason is not None:
-                self._finish[d.index] = (d.finish_reason, d.stop_reason)
+        self._answer.add(deltas)
 
     def body(self, output: TextOutput) -> JSON:
         choices = []
-        for i in range(self._num_choices):
-            text = "".join(self._texts[i])
+        for i, choice in enumerate(self._answer.choices):
+            text = choice.text
             message: JSON = {"role": "assistant", "content": text, "refusal": None}
-            reason = self._finish[i][0]
+            reason = choice.finish_reason
             if self._tools is not None:
                 content, calls = self._tools[i].message(text)
                 message["content"] = content
@@ -133,29 +111,18 @@ class ChatRenderer:
                 {
                     "index": i,
                     "message": message,
-                    "logprobs": self._logprobs_json(self._logprobs[i]),
+                    "logprobs": self._logprobs_json(choice.logprobs),
                     "finish_reason": reason,
-                    "stop_reason": self._finish[i][1],
+                    "stop_reason": choice.stop_reason,
                 }
             )
-        return {
-            **self._head,
-            "object": "chat.completion",
-            "choices": choices,
-            "usage": output.usage(),
-        }
+        return self._envelope.body(choices, output.usage(), object="chat.completion")
 
     # ---- streamed ------------------------------------------------------------------------------
 
-    def _chunk(self, choices: list[JSON], usage_json: JSON | None = None) -> bytes:
-        payload: dict[str, Any] = {**self._head, "choices": choices}
-        if self._include_usage:
-            payload["usage"] = usage_json
-        return sse_json(payload)
-
     def stream_start(self, output: TextOutput) -> list[bytes]:
         return [
-            self._chunk(
+            self._envelope.chunk(
                 [
                     {
                         "index": i,
@@ -191,12 +158,11 @@ class ChatRenderer:
             }
             if reason is not None:
                 choice["stop_reason"] = d.stop_reason
-            chunks.append(self._chunk([choice]))
+            chunks.append(self._envelope.chunk([choice]))
         return chunks
 
     def stream_end(self, output: TextOutput) -> list[bytes]:
-        tail = [self._chunk([], output.usage())] if self._include_usage else []
-        return [*tail, SSE_DONE]
+        return self._envelope.stream_end(output.usage())
 
 
 def _with_calls(reason: str | None) -> str | None:

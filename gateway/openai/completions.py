@@ -3,13 +3,10 @@ and its renderer (`text_completion` bodies and streamed events, `echo`, legacy `
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Any
 
-from engine.protocol import SSE_DONE, sse_json
 from gateway.lifecycle.job import EngineTarget, Plan, Planner
-from gateway.openai.render import JSON, LegacyLogprobs
+from gateway.openai.render import JSON, Answer, Envelope, LegacyLogprobs
 from gateway.openai.schemas import BodyJob, CompletionRequest, text_sampling
 from gateway.openai.structured import body_constraint
 from gateway.openai.text_output import TextOutput
@@ -40,13 +37,10 @@ class CompletionJob(BodyJob):
         )
         params = sampling.params
         renderer = CompletionRenderer(
-            response_id=target.request_id,
-            model=target.model.name,
-            created=int(time.time()),
+            Envelope.now(target, "text_completion", include_usage=body.include_usage),
             prompts=prompts,
             n=params.n,
             tokenizer=planner.tokenizer,
-            include_usage=body.include_usage,
             echo=body.echo,
             want_logprobs=body.logprobs is not None,
         )
@@ -88,36 +82,28 @@ def _prompts(planner: Planner, body: CompletionRequest) -> list[list[int]]:
 class CompletionRenderer:
     def __init__(
         self,
+        envelope: Envelope,
         *,
-        response_id: str,
-        model: str,
-        created: int,
         prompts: list[list[int]],
         n: int,
         tokenizer: Tokenizer,
-        include_usage: bool,
         echo: bool,
         want_logprobs: bool,
     ) -> None:
-        self._head = {
-            "id": response_id,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-        }
+        self._envelope = envelope
         self._tokenizer = tokenizer
         self._prompts = prompts
         self._n = n
-        self._include_usage = include_usage
         self._echo = echo
         self._want_logprobs = want_logprobs
         num_choices = len(prompts) * n
         self._echo_texts = [tokenizer.decode(p) if echo else "" for p in prompts]
-        self._texts: list[list[str]] = [[] for _ in range(num_choices)]
-        self._logprobs = [
-            LegacyLogprobs(tokenizer, len(self._echo_texts[i // n])) for i in range(num_choices)
-        ]
-        self._finish: list[tuple[str | None, str | int | None]] = [(None, None)] * num_choices
+        self._answer = Answer(num_choices)
+        # Streamed, each chunk's logprobs carry on the text offsets of the chunks before it.
+        self._streamed_logprobs = [self._sampled_logprobs(i) for i in range(num_choices)]
+
+    def _sampled_logprobs(self, choice: int) -> LegacyLogprobs:
+        return LegacyLogprobs(self._tokenizer, len(self._echo_texts[choice // self._n]))
 
     def _prompt_logprobs(self, output: TextOutput, prompt: int) -> JSON | None:
         """The echoed prompt's own logprobs (position 0 has none, as in OpenAI)."""
@@ -138,47 +124,38 @@ class CompletionRenderer:
     # ---- whole ---------------------------------------------------------------------------------
 
     def add(self, deltas: list[ChoiceDelta]) -> None:
-        for d in deltas:
-            self._texts[d.index].append(d.text)
-            if d.logprobs:
-                self._logprobs[d.index].add_sampled(d.logprobs)
-            if d.finish_reason is not None:
-                self._finish[d.index] = (d.finish_reason, d.stop_reason)
+        self._answer.add(deltas)
 
     def body(self, output: TextOutput) -> JSON:
         choices = []
-        for i, texts in enumerate(self._texts):
+        for i, choice in enumerate(self._answer.choices):
             prompt = i // self._n
             logprobs: JSON | None = None
             if self._want_logprobs:
-                logprobs = self._logprobs[i].take()
+                sampled = self._sampled_logprobs(i)
+                sampled.add_sampled(choice.logprobs)
+                logprobs = sampled.take()
                 echoed = self._prompt_logprobs(output, prompt)
                 if echoed is not None:
                     logprobs = {k: echoed[k] + logprobs[k] for k in logprobs}
             choices.append(
                 {
                     "index": i,
-                    "text": self._echo_texts[prompt] + "".join(texts),
+                    "text": self._echo_texts[prompt] + choice.text,
                     "logprobs": logprobs,
-                    "finish_reason": self._finish[i][0],
-                    "stop_reason": self._finish[i][1],
+                    "finish_reason": choice.finish_reason,
+                    "stop_reason": choice.stop_reason,
                 }
             )
-        return {**self._head, "choices": choices, "usage": output.usage()}
+        return self._envelope.body(choices, output.usage())
 
     # ---- streamed ------------------------------------------------------------------------------
-
-    def _chunk(self, choices: list[JSON], usage_json: JSON | None = None) -> bytes:
-        payload: dict[str, Any] = {**self._head, "choices": choices}
-        if self._include_usage:
-            payload["usage"] = usage_json
-        return sse_json(payload)
 
     def stream_start(self, output: TextOutput) -> list[bytes]:
         if not self._echo:
             return []
         return [
-            self._chunk(
+            self._envelope.chunk(
                 [
                     {
                         "index": i,
@@ -188,7 +165,7 @@ class CompletionRenderer:
                     }
                 ]
             )
-            for i in range(len(self._texts))
+            for i in range(len(self._answer.choices))
         ]
 
     def stream_deltas(self, deltas: list[ChoiceDelta]) -> list[bytes]:
@@ -198,8 +175,8 @@ class CompletionRenderer:
                 continue
             logprobs = None
             if self._want_logprobs:
-                self._logprobs[d.index].add_sampled(d.logprobs or [])
-                logprobs = self._logprobs[d.index].take()
+                self._streamed_logprobs[d.index].add_sampled(d.logprobs or [])
+                logprobs = self._streamed_logprobs[d.index].take()
             choice: JSON = {
                 "index": d.index,
                 "text": d.text,
@@ -208,9 +185,8 @@ class CompletionRenderer:
             }
             if d.finish_reason is not None:
                 choice["stop_reason"] = d.stop_reason
-            chunks.append(self._chunk([choice]))
+            chunks.append(self._envelope.chunk([choice]))
         return chunks
 
     def stream_end(self, output: TextOutput) -> list[bytes]:
-        tail = [self._chunk([], output.usage())] if self._include_usage else []
-        return [*tail, SSE_DONE]
+        return self._envelope.stream_end(output.usage())
