@@ -22,6 +22,7 @@ from engine.protocol.requests import (
 from engine.protocol.responses import (
     MIN_WIRE_LOGPROB,
     SSE_DONE,
+    ChoiceCollector,
     ChoiceLogprobs,
     ErrorInfo,
     ErrorResponse,
@@ -58,6 +59,7 @@ __all__ = [
     "SSE_DONE",
     "AbortRequestsBody",
     "BodyTooLarge",
+    "ChoiceCollector",
     "ChoiceLogprobs",
     "EngineLimits",
     "ErrorInfo",

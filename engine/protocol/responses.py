@@ -128,6 +128,37 @@ def is_error_output(output: RequestOutput) -> bool:
     )
 
 
+class ChoiceCollector:
+    """The whole choices of one answer, gathered from its events' choice deltas in order:
+    token ids and logprobs appended, the first finish reason kept. Both ends of the wire
+    collect so: the engine server's non-streamed body and the gateway's pass-through."""
+
+    def __init__(self, n: int, *, want_logprobs: bool) -> None:
+        self._choices = {
+            index: GenerateChoice(
+                index=index,
+                token_ids=[],
+                logprobs=ChoiceLogprobs(content=[]) if want_logprobs else None,
+            )
+            for index in range(n)
+        }
+
+    def add(self, deltas: Iterable[GenerateChoice]) -> None:
+        for delta in deltas:
+            choice = self._choices.setdefault(
+                delta.index, GenerateChoice(index=delta.index, token_ids=[])
+            )
+            choice.token_ids.extend(delta.token_ids)
+            if delta.logprobs is not None and choice.logprobs is not None:
+                choice.logprobs.content.extend(delta.logprobs.content)
+            if delta.finish_reason is not None and choice.finish_reason is None:
+                choice.finish_reason = delta.finish_reason
+                choice.stop_reason = delta.stop_reason
+
+    def choices(self) -> list[GenerateChoice]:
+        return [self._choices[index] for index in sorted(self._choices)]
+
+
 class ResponseBuilder:
     """Turns one request's RequestOutputs into wire events (streaming) or one body (not).
 
@@ -138,14 +169,9 @@ class ResponseBuilder:
         self.request_id = request.request_id
         self._kv_transfer_params = request.kv_transfer_params
         self._want_logprobs = request.sampling_params.logprobs is not None
-        self._choices = {
-            index: GenerateChoice(
-                index=index,
-                token_ids=[],
-                logprobs=ChoiceLogprobs(content=[]) if self._want_logprobs else None,
-            )
-            for index in range(request.sampling_params.n)
-        }
+        self._choices = ChoiceCollector(
+            request.sampling_params.n, want_logprobs=self._want_logprobs
+        )
         self._prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
         self._num_prompt_tokens = len(request.token_ids)
         self._num_cached_tokens = 0
@@ -200,21 +226,12 @@ class ResponseBuilder:
 
     def add(self, output: RequestOutput) -> None:
         self._new_prompt_logprobs(output)
-        for delta in self._delta_choices(output):
-            choice = self._choices.setdefault(
-                delta.index, GenerateChoice(index=delta.index, token_ids=[])
-            )
-            choice.token_ids.extend(delta.token_ids)
-            if delta.logprobs is not None and choice.logprobs is not None:
-                choice.logprobs.content.extend(delta.logprobs.content)
-            if delta.finish_reason is not None and choice.finish_reason is None:
-                choice.finish_reason = delta.finish_reason
-                choice.stop_reason = delta.stop_reason
+        self._choices.add(self._delta_choices(output))
 
     def response(self) -> GenerateResponse:
         return GenerateResponse(
             request_id=self.request_id,
-            choices=[self._choices[index] for index in sorted(self._choices)],
+            choices=self._choices.choices(),
             prompt_logprobs=self._prompt_logprobs,
             kv_transfer_params=self._kv_transfer_params,
             usage=self.usage,

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from engine.protocol import (
     SSE_DONE,
-    ChoiceLogprobs,
-    GenerateChoice,
+    ChoiceCollector,
     GenerateResponse,
     Usage,
     error_body,
@@ -33,14 +32,7 @@ class WireOutput:
         self._finish: dict[int, str] = {}
         self.num_completion_tokens = 0
         self.num_cached_tokens = 0
-        self._choices = {
-            i: GenerateChoice(
-                index=i,
-                token_ids=[],
-                logprobs=ChoiceLogprobs(content=[]) if want_logprobs else None,
-            )
-            for i in range(n)
-        }
+        self._choices = ChoiceCollector(n, want_logprobs=want_logprobs)
         self._prompt_logprobs: GenerateResponse | None = None
         self._usage: Usage | None = None
 
@@ -90,21 +82,12 @@ class WireOutput:
             self._prompt_logprobs = event
         if event.usage is not None:
             self._usage = event.usage
-        for delta in event.choices:
-            choice = self._choices.setdefault(
-                delta.index, GenerateChoice(index=delta.index, token_ids=[])
-            )
-            choice.token_ids.extend(delta.token_ids)
-            if delta.logprobs is not None and choice.logprobs is not None:
-                choice.logprobs.content.extend(delta.logprobs.content)
-            if delta.finish_reason is not None and choice.finish_reason is None:
-                choice.finish_reason = delta.finish_reason
-                choice.stop_reason = delta.stop_reason
+        self._choices.add(event.choices)
 
     def body(self) -> bytes:
         response = GenerateResponse(
             request_id=self._client_request_id,
-            choices=[self._choices[i] for i in sorted(self._choices)],
+            choices=self._choices.choices(),
             prompt_logprobs=(
                 self._prompt_logprobs.prompt_logprobs if self._prompt_logprobs else None
             ),

@@ -18,7 +18,11 @@ from engine.outputs import (
 from engine.protocol import (
     MIN_WIRE_LOGPROB,
     SSE_DONE,
+    ChoiceCollector,
+    ChoiceLogprobs,
+    GenerateChoice,
     GenerateRequest,
+    LogprobContent,
     ResponseBuilder,
     parse_generate_request,
     sse_event,
@@ -83,6 +87,52 @@ def test_non_streaming_body_accumulates_every_choice():
         "kv_transfer_params": {"k": [1]},
         "usage": {"prompt_tokens": 3, "completion_tokens": 5, "cached_tokens": 2},
     }
+
+
+def _content(token_id: int) -> LogprobContent:
+    return LogprobContent(token=f"token_id:{token_id}", logprob=-1.0)
+
+
+def test_choice_collector_appends_in_order_and_keeps_the_first_finish():
+    collector = ChoiceCollector(2, want_logprobs=True)
+    collector.add(
+        [
+            GenerateChoice(index=1, token_ids=[6], logprobs=ChoiceLogprobs(content=[_content(6)])),
+            GenerateChoice(index=0, token_ids=[5], logprobs=ChoiceLogprobs(content=[_content(5)])),
+        ]
+    )
+    collector.add(
+        [
+            GenerateChoice(
+                index=0,
+                token_ids=[7, 8],
+                finish_reason="stop",
+                stop_reason=8,
+                logprobs=ChoiceLogprobs(content=[_content(7), _content(8)]),
+            )
+        ]
+    )
+    # a later finish (the abort that follows a stop) does not replace the first
+    collector.add([GenerateChoice(index=0, token_ids=[], finish_reason="abort")])
+    first, second = collector.choices()
+    assert (first.index, first.token_ids, first.finish_reason, first.stop_reason) == (
+        0,
+        [5, 7, 8],
+        "stop",
+        8,
+    )
+    assert first.logprobs is not None
+    assert [c.token for c in first.logprobs.content] == ["token_id:5", "token_id:7", "token_id:8"]
+    assert (second.index, second.token_ids, second.finish_reason) == (1, [6], None)
+
+
+def test_choice_collector_without_logprobs_keeps_none():
+    collector = ChoiceCollector(1, want_logprobs=False)
+    collector.add(
+        [GenerateChoice(index=0, token_ids=[5], logprobs=ChoiceLogprobs(content=[_content(5)]))]
+    )
+    (choice,) = collector.choices()
+    assert choice.token_ids == [5] and choice.logprobs is None
 
 
 def test_logprobs_wire_shape_is_vllm_tokens_only():
