@@ -67,6 +67,9 @@ def build_engine(model_dir: Path, dtype: str, settings: EngineSettings) -> LLMEn
             prepack_weights=settings.prepack_weights,
             # The bench's --threads (already set): the engine's default would be every core.
             threads=torch.get_num_threads(),
+            # The native paths this machine saved (engine/step/choices/tuning.py), as `loragate
+            # engine` reads them: a run beside a busy process takes the paths a quiet one did.
+            tuning="saved",
         )
     )
 

@@ -64,6 +64,16 @@ class EngineConfig:
     # (engine/step/native_decoder.py) where every part of the step already runs native: the same
     # kernels in the same order, so the same values; off: layer by layer from Python.
     native_decode_step: bool = True
+    # The timed choices above ("auto": decode and prefill attention, the native matmul's rows,
+    # float32 packing; engine/step/choices/tuning.py): "saved" reads them from tuning_file where
+    # it holds them for this CPU, model, dtype, threads and torch, and times (then saves) only
+    # what it lacks, so every start on a machine makes the same choices whatever its load;
+    # "tune" times them all and replaces the saved ones; "off" times at every start and saves
+    # nothing. "off" here, for tests and benchmarks that build this config themselves and may
+    # monkeypatch a timing; `loragate engine` and the gateway (EngineSettings) use "saved" or
+    # "tune".
+    tuning: Literal["saved", "tune", "off"] = "off"
+    tuning_file: str | None = None  # None: tuning.json beside the native kernels' builds
     compile_cache_dir: str | None = None
     max_queue_len: int = 4096
     # The loop waits this long for more requests before stepping an empty batch (seconds).
@@ -113,6 +123,8 @@ class EngineConfig:
                 "prefill_attention must be 'auto', 'sdpa' or 'matmul', "
                 f"got {self.prefill_attention!r}"
             )
+        if self.tuning not in ("saved", "tune", "off"):
+            raise ValueError(f"tuning must be 'saved', 'tune' or 'off', got {self.tuning!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be >= 1")
         if self.lora_pool_memory_bytes < 1:

@@ -7,14 +7,15 @@ latency histograms are observed by the server when a request finishes.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from engine.outputs import EngineStats, FinishReason, LoRAStats, RequestOutput
 from engine.protocol.labels import tenant_label
+from engine.step.choices.choice import StartupChoice
 
 # Bounded label cardinality: the busiest tenants by served tokens get their own series, the
 # rest are summed into OTHER_TENANT.
@@ -195,11 +196,29 @@ class EngineStatsCollector(Collector):
 class EngineMetrics:
     """All metrics of one engine server; `registry` is what /metrics exposes."""
 
-    def __init__(self, *, model_name: str, stats: Callable[[], EngineStats]) -> None:
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        stats: Callable[[], EngineStats],
+        choices: Sequence[StartupChoice] = (),
+    ) -> None:
         self.registry = CollectorRegistry()
         self._model_name = model_name
         self.registry.register(EngineStatsCollector(stats, model_name))
         labels = ["model_name"]
+        # Which native paths this start took decides the engine's speed: one series per choice
+        # (engine/step/choices/startup.py), so a slow engine on a shared node shows why.
+        startup = Gauge(
+            "loragate_engine_startup_choice",
+            "The path each start-up choice took (value) and where it came from (source: saved "
+            "in the tuning file, timed at this start, pinned by an option, fixed by the "
+            "machine); 1 per choice.",
+            ["model_name", "choice", "value", "source"],
+            registry=self.registry,
+        )
+        for choice in choices:
+            startup.labels(model_name, choice.name, choice.value, choice.source).set(1)
         self._ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Time to first token.",

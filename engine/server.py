@@ -350,7 +350,9 @@ def create_app(
         openapi_url=None,
     )
     app.state.engine = engine
-    app.state.metrics = EngineMetrics(model_name=engine.model_name, stats=engine.stats)
+    app.state.metrics = EngineMetrics(
+        model_name=engine.model_name, stats=engine.stats, choices=engine.startup_choices
+    )
     app.state.admin_token = admin_token  # for the adapter endpoints
     app.state.max_body_bytes = max_body_bytes
     app.state.created = int(time.time())

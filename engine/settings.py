@@ -99,6 +99,18 @@ class EngineSettings(BaseModel):
         "call where the matmuls, layer ops and decode attention all run native already (the "
         "same kernels, the same values); off: layer by layer from Python",
     )
+    tune: bool = Field(
+        default=False,
+        description="time the start-up choices of native paths again and replace the ones saved "
+        "in the tuning file (run on a quiet machine: every later start keeps what this one "
+        "chose); off: read them from the file, timing only what it lacks",
+    )
+    tuning_file: str | None = Field(
+        default=None,
+        description="JSON file of the start-up choices timed on this machine, one entry per "
+        "CPU, model shape, dtype, thread count and torch version (default: tuning.json in "
+        "loragate_native/ of the compile cache, where the native kernels are built)",
+    )
     compile_cache_dir: str | None = Field(
         default=None,
         description="where torch.compile caches its artefacts for fast restarts (default: "
@@ -173,6 +185,8 @@ class EngineSettings(BaseModel):
             native_matmul=self.native_matmul,
             fused_layer_ops=self.fused_layer_ops,
             native_decode_step=self.native_decode_step,
+            tuning="tune" if self.tune else "saved",
+            tuning_file=self.tuning_file,
             compile_cache_dir=self.compile_cache_dir,
             max_queue_len=self.max_queue_len,
             enable_lora=self.enable_lora,

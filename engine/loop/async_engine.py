@@ -55,6 +55,7 @@ class AsyncEngine:
         self.vocab_size: int = engine.vocab_size
         self.max_model_len: int = engine.max_model_len
         self.model_name: str = engine.model_name
+        self.startup_choices = engine.startup_choices  # the native paths taken, for /metrics
         self._shared = LoopShared()
         self._shutting_down = False  # written under the shared lock
         # Thread-safe on its own (engine/structured/compiler.py): used from the event loop.

@@ -28,6 +28,7 @@ from engine.sampling.sampler import Sampler, SamplingRow, reads_token_history
 from engine.scheduling.block_manager import BlockManager
 from engine.scheduling.scheduler import Scheduler, adapter_of
 from engine.scheduling.sequence import Sequence
+from engine.step.choices.startup import StartupChoices
 from engine.step.compile_decode import use_compile_cache
 from engine.step.lora_setup import build_lora_manager, lora_stats
 from engine.step.model_runner import ForwardOutput, ModelRunner, kv_bytes_per_block
@@ -74,6 +75,8 @@ class LLMEngine:
         self.lora: LoRAManager | None = (
             build_lora_manager(model, config, mc, self.device) if config.enable_lora else None
         )
+        # After use_compile_cache: the tuning file's default place is in that cache.
+        choices = StartupChoices.for_engine(config, mc, self.dtype, self.num_threads)
         # After the LoRA wrappers: they hold the base layers, which get packed in place.
         self.packed_linears, self.native_matmul = prepare_linears(
             model,
@@ -81,6 +84,7 @@ class LLMEngine:
             self.dtype,
             self.device,
             pack=config.prepack_weights and config.enforce_eager,
+            choices=choices,
         )
         self.scheduler = Scheduler(
             config, self.block_manager, None if self.lora is None else self.lora.cache
@@ -100,7 +104,9 @@ class LLMEngine:
             native_decode_step=config.native_decode_step,
             max_num_seqs=config.max_num_seqs,
             compile_cache_dir=_optional_path(config.compile_cache_dir),
+            choices=choices,
         )
+        self.startup_choices = tuple(choices.made.values())  # for /metrics
         # the layer kernels' argmax for greedy rows where they take the logits' dtype (the
         # model's: bf16 or float32; float16 keeps torch's)
         native = self.runner.native_layer

@@ -1,4 +1,5 @@
-"""Pick the decode attention backend once, at start-up, by timing each on this machine.
+"""Pick the decode attention backend by timing each on this machine: once, at the first start
+with a tuning file, whose choice every later start reads (engine/step/choices/tuning.py).
 
 No CPU path wins everywhere: on an AMX Xeon SDPA's flash kernel was ~3x faster than matmul +
 softmax for decode, on an AVX512-BF16 AMD EPYC (no AMX) it was ~6x slower in bf16, and there
@@ -11,12 +12,16 @@ included). On CUDA the fused kernel is used.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 
 import torch
 
 from engine.step.attention import AttentionMetadata, DecodeBackend, decode_attention
-from engine.step.timing import best_time
+from engine.step.choices.choice import DECODE_ATTENTION
+from engine.step.choices.startup import StartupChoices
+from engine.step.choices.timing import best_times
 from kernels.cpu.attention import native_paged_decode
 from kernels.cpu.native.build import built_or_none
 
@@ -25,8 +30,9 @@ log = logging.getLogger(__name__)
 BACKENDS: tuple[str, ...] = ("auto", "matmul", "sdpa", "native")
 
 # The timed problem: a mid-sized decode batch (rows x context keys, half the rows at half the
-# context, blocks in shuffled order as a busy cache holds them), a few repeats, best of.
-_ROWS, _CONTEXT, _BLOCK_SIZE, _REPEATS = 16, 256, 16, 5
+# context, blocks in shuffled order as a busy cache holds them), best of many interleaved
+# repeats.
+_ROWS, _CONTEXT, _BLOCK_SIZE, _REPEATS = 16, 256, 16, 15
 
 
 def native_available(dtype: torch.dtype, device: torch.device) -> bool:
@@ -43,30 +49,44 @@ def choose_decode_backend(
     head_dim: int,
     dtype: torch.dtype,
     device: torch.device,
+    choices: StartupChoices | None = None,
 ) -> DecodeBackend:
+    """`requested` "auto": the backend saved in the tuning file for this machine and model, or
+    the fastest timed now (engine/step/choices/startup.py; `choices` None: timed, not saved)."""
     if requested not in BACKENDS:
         raise ValueError(f"decode_attention must be one of {BACKENDS}, got {requested!r}")
-    if requested == "native":
-        if not native_available(dtype, device):
-            raise ValueError(f"decode_attention 'native' needs a CPU and bf16 or fp32, got "
-                             f"{dtype} on {device.type}")  # fmt: skip
-        return "native"
-    if requested in ("matmul", "sdpa"):
-        return requested  # type: ignore[return-value]
-    if device.type != "cpu":
-        return "sdpa"
-    candidates: list[DecodeBackend] = ["matmul", "sdpa"]
-    if native_available(dtype, device):
-        candidates.insert(0, "native")
+    choices = choices or StartupChoices()
+    if requested == "native" and not native_available(dtype, device):
+        raise ValueError(f"decode_attention 'native' needs a CPU and bf16 or fp32, got "
+                         f"{dtype} on {device.type}")  # fmt: skip
+    if requested != "auto":
+        choice = choices.pin(DECODE_ATTENTION, requested, f"decode_attention {requested}")
+    elif device.type != "cpu":
+        choice = choices.fix(DECODE_ATTENTION, "sdpa", f"on {device.type}: the fused kernel")
+    else:
+        candidates: list[DecodeBackend] = ["matmul", "sdpa"]
+        if native_available(dtype, device):
+            candidates.insert(0, "native")
+        timed = functools.partial(_fastest, candidates, num_heads, num_kv_heads, head_dim, dtype)
+        choice = choices.decide(DECODE_ATTENTION, candidates, timed)
+    log.info("decode attention: %s (%s)", choice.value, choice.origin())
+    return choice.value  # type: ignore[return-value]
+
+
+def _fastest(
+    candidates: list[DecodeBackend],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+) -> tuple[str, str]:
+    """The fastest of `candidates` on the timed problem, and the figures."""
     problem = _problem(num_heads, num_kv_heads, head_dim, dtype)
-    timings = {name: _best_time(name, *problem) for name in candidates}
-    chosen = min(timings, key=timings.__getitem__)
-    log.info(
-        "decode attention: %s (%s for %d rows x %d keys, %s)",
-        chosen, ", ".join(f"{name} {1e3 * t:.2f} ms" for name, t in timings.items()),
-        _ROWS, _CONTEXT, dtype,
-    )  # fmt: skip
-    return chosen
+    timings = best_times({name: _step(name, *problem) for name in candidates}, _REPEATS)
+    figures = ", ".join(f"{name} {1e3 * t:.2f} ms" for name, t in timings.items())
+    return min(timings, key=timings.__getitem__), (
+        f"{figures} for {_ROWS} rows x {_CONTEXT} keys, {dtype}"
+    )
 
 
 Problem = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]
@@ -85,14 +105,16 @@ def _problem(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtyp
     return query, k_cache, v_cache, tables, lengths
 
 
-def _best_time(
+def _step(
     backend: DecodeBackend,
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     tables: torch.Tensor,
     lengths: list[int],
-) -> float:
+) -> Callable[[], None]:
+    """The timed problem's decode attention by `backend`, as a step runs it."""
+
     def run() -> None:
         meta = AttentionMetadata(
             slot_mapping=torch.empty(0, dtype=torch.long),
@@ -105,4 +127,4 @@ def _best_time(
         )
         decode_attention(query, k_cache, v_cache, meta, query.shape[-1] ** -0.5)
 
-    return best_time(run, _REPEATS)
+    return run

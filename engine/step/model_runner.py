@@ -18,6 +18,7 @@ from engine.outputs import ScheduledSeq, SchedulerOutput
 from engine.scheduling.scheduler import adapter_of
 from engine.scheduling.sequence import Sequence
 from engine.step.attention import AttentionMetadata, DecodeBackend, prefill_chunks
+from engine.step.choices.startup import StartupChoices
 from engine.step.compile_decode import CompiledDecode
 from engine.step.decode_backend import choose_decode_backend
 from engine.step.inputs import StepInputs
@@ -71,6 +72,7 @@ class ModelRunner:
         max_num_seqs: int = 64,
         compile_cache_dir: Path | None = None,
         native_decode_step: bool = True,
+        choices: StartupChoices | None = None,
     ):
         self.model = model
         self.lora = lora
@@ -81,6 +83,7 @@ class ModelRunner:
             head_dim=config.head_dim,
             dtype=dtype,
             device=device,
+            choices=choices,
         )
         native = None
         if fused_layer_ops and device.type == "cpu":
@@ -98,6 +101,7 @@ class ModelRunner:
             head_dim=config.head_dim,
             dtype=dtype,
             device=device,
+            choices=choices,
         )
         self.prefill_kernel = choose_prefill_kernel(
             self.prefill_softmax, head_dim=config.head_dim, dtype=dtype, device=device

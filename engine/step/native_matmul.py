@@ -1,5 +1,7 @@
 """Which steps multiply by the hand-written kernel (kernels/cpu/matmul.py) instead of oneDNN,
-decided once at start-up for the model's packed linears.
+decided for the model's packed linears by a timing taken once per machine and model: at the
+first start with a tuning file, whose choice every later start reads
+(engine/step/choices/tuning.py).
 
 At a few rows a step's matmuls only stream their weights, and oneDNN's call costs ~15-20 us
 before it streams: on a 2-core AVX512-BF16 EPYC whose copy ran at 31 GB/s, the small model's
@@ -32,8 +34,10 @@ import torch
 from torch import nn
 
 from engine.models.layer_ops import LayerOps
+from engine.step.choices.choice import NATIVE_MATMUL, PACKED_FLOAT32
+from engine.step.choices.startup import StartupChoices
+from engine.step.choices.timing import best_times
 from engine.step.packed_linear import PackedLinear, can_pack, pack_linears, packing_pays
-from engine.step.timing import best_time
 from kernels.cpu.layer import native_layer
 from kernels.cpu.matmul import GATE_UP_GROUP, NativeMatmul, native_matmul
 from kernels.cpu.native.build import built_or_none
@@ -57,6 +61,8 @@ _REPEATS = 7
 _WHOLE_MODEL_ROWS = 8
 # The second copy may take at most this share of the memory free when the engine starts.
 _MEMORY_SHARE = 0.25
+# What the choice can be, as the tuning file keeps it: every step, none, or steps up to a count.
+_VALUES = ("every", "none", *map(str, TIMED_ROWS))
 
 
 @dataclass(frozen=True)
@@ -75,18 +81,33 @@ class NativeMatmulUse:
 
 
 def prepare_linears(
-    model: nn.Module, requested: str, dtype: torch.dtype, device: torch.device, *, pack: bool
+    model: nn.Module,
+    requested: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    pack: bool,
+    choices: StartupChoices | None = None,
 ) -> tuple[int, NativeMatmulUse]:
     """Pack the model's linears (engine/step/packed_linear.py) and install the kernel where it pays:
     how many were packed, and what the kernel does. Where oneDNN has no kernels for the dtype
     (bf16 on AVX2) but the matmul kernel does, the linears are wrapped over their plain weight
     so the start-up timing can weigh the kernel against F.linear. `pack` False: nothing is
-    packed (and the kernel, having no packed linear to take, is not used)."""
+    packed (and the kernel, having no packed linear to take, is not used). The timed choices
+    (float32 packing, the kernel's rows) come from `choices` (engine/step/choices/startup.py:
+    saved in the tuning file, or timed now; None: timed, not saved)."""
+    choices = choices or StartupChoices()
     packed = 0
     if not pack:
         pass
     elif can_pack(dtype, device):
-        pays, figures = packing_pays(model, dtype)
+        if dtype is torch.float32:  # bf16 packing always pays where oneDNN has it: not timed
+            choice = choices.decide(
+                PACKED_FLOAT32, ("yes", "no"), lambda: _yes_no(*packing_pays(model, dtype))
+            )
+            pays, figures = choice.value == "yes", choice.origin()
+        else:
+            pays, figures = packing_pays(model, dtype)
         log.info("packed linear weights: %s (%s)", "yes" if pays else "no", figures)
         packed = pack_linears(model) if pays else 0
     elif requested != "off" and device.type == "cpu" and dtype in (torch.bfloat16, torch.float32):
@@ -96,17 +117,26 @@ def prepare_linears(
             log.info(
                 "linear weights wrapped for the matmul kernel (oneDNN has no %s kernels)", dtype
             )
-    use = use_native_matmul(model, requested, dtype)
+    use = use_native_matmul(model, requested, dtype, choices)
     log.info("native matmul kernel: %s (%s)", use.describe(), use.why)
     return packed, use
 
 
-def use_native_matmul(model: nn.Module, requested: str, dtype: torch.dtype) -> NativeMatmulUse:
+def _yes_no(pays: bool, figures: str) -> tuple[str, str]:
+    return "yes" if pays else "no", figures
+
+
+def use_native_matmul(
+    model: nn.Module, requested: str, dtype: torch.dtype, choices: StartupChoices | None = None
+) -> NativeMatmulUse:
     """Install the kernel on every packed linear of `model` where `requested` (auto, on, off)
-    and this machine say so; returns what it did and why."""
+    and this machine say so (auto: the rows saved in the tuning file for this machine and
+    model, or timed now); returns what it did and why."""
     if requested not in MODES:
         raise ValueError(f"native_matmul must be one of {MODES}, got {requested!r}")
+    choices = choices or StartupChoices()
     if requested == "off":
+        choices.pin(NATIVE_MATMUL, "none", "native_matmul off")
         return NativeMatmulUse(0, "off")
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
     # The model's side first: a float32 or CUDA engine never builds the kernel's library.
@@ -119,10 +149,13 @@ def use_native_matmul(model: nn.Module, requested: str, dtype: torch.dtype) -> N
     if reason is not None:
         if requested == "on":
             raise ValueError(f"native_matmul 'on': {reason}")
+        choices.fix(NATIVE_MATMUL, "none", reason)
         return NativeMatmulUse(0, reason)
     assert kernel is not None
+    widths = _gate_up_widths(model)
     if requested == "on":
-        _install(linears, kernel, None, _gate_up_widths(model))
+        choices.pin(NATIVE_MATMUL, "every", "native_matmul on")
+        _install(linears, kernel, None, widths)
         return NativeMatmulUse(None, "on")
     # Timed with both copies; where a second copy of every weight would not fit, on the first
     # layer's projections alone (their figures at a few rows then read weights from cache).
@@ -130,14 +163,33 @@ def use_native_matmul(model: nn.Module, requested: str, dtype: torch.dtype) -> N
     free = _free_memory()
     fits = free is None or extra <= _MEMORY_SHARE * free
     timed = linears if fits else linears[:4]
-    widths = _gate_up_widths(model)
+    choice = choices.decide(NATIVE_MATMUL, _VALUES, lambda: _timed_rows(timed, kernel, widths))
+    limit, why = _max_rows(choice.value), choice.origin()
+    if limit and not fits:
+        limit = 0
+        why += f"; a second copy ({extra / 2**20:.0f} MiB) exceeds a quarter of free memory"
+    if limit is None:  # layer by layer: oneDNN's copy goes as the kernel's comes
+        _install(linears, kernel, None, widths)
+    else:
+        _install(linears, kernel if limit else None, limit, widths if limit else None)
+    return NativeMatmulUse(limit, why)
+
+
+def _max_rows(value: str) -> int | None:
+    """A saved or timed value ("every", "none", a row count) as NativeMatmulUse's max_rows."""
+    return None if value == "every" else 0 if value == "none" else int(value)
+
+
+def _timed_rows(
+    timed: list[PackedLinear], kernel: NativeMatmul, widths: dict[int, int]
+) -> tuple[str, str]:
+    """Up to which rows the kernel pays on `timed` ("every", "none" or a row count; both copies
+    left installed on `timed`), and the figures."""
     _install(timed, kernel, 0, widths)
     ratios = {rows: _ratio(timed, rows, widths) for rows in TIMED_ROWS}
     figures = "oneDNN / kernel time at " + ", ".join(f"{r} rows {x:.2f}" for r, x in ratios.items())
     if min(ratios.values()) >= _EVERY_ROW_RATIO:
-        # layer by layer: oneDNN's copy goes as the kernel's comes
-        _install(linears, kernel, None, _gate_up_widths(model))
-        return NativeMatmulUse(None, figures)
+        return "every", figures
     limit = 0
     for rows, ratio in ratios.items():
         # the first row count must pay for the second copy; once it is there, larger steps
@@ -150,11 +202,7 @@ def use_native_matmul(model: nn.Module, requested: str, dtype: torch.dtype) -> N
             break
         if limit == 0 or ratio >= 1.0:
             limit = rows
-    if limit and not fits:
-        limit = 0
-        figures += f"; a second copy ({extra / 2**20:.0f} MiB) exceeds a quarter of free memory"
-    _install(linears, kernel if limit else None, limit, _gate_up_widths(model) if limit else None)
-    return NativeMatmulUse(limit, figures)
+    return str(limit) if limit else "none", figures
 
 
 def _install(
@@ -245,8 +293,5 @@ def _ratio(linears: list[PackedLinear], rows: int, gate_up: dict[int, int]) -> f
     layer's projections (Llama: qkv, o, gate_up, down) above."""
     timed = linears if rows <= _WHOLE_MODEL_ROWS else linears[:4]
     onednn, kernel = matmul_steps(timed, rows, gate_up)
-    onednn_s = kernel_s = float("inf")
-    for _ in range(_REPEATS):
-        onednn_s = min(onednn_s, best_time(onednn, 1))
-        kernel_s = min(kernel_s, best_time(kernel, 1))
-    return onednn_s / kernel_s
+    timings = best_times({"onednn": onednn, "kernel": kernel}, _REPEATS)
+    return timings["onednn"] / timings["kernel"]

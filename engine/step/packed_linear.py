@@ -11,7 +11,8 @@ float32 depends on the CPU: F.linear goes to MKL, which on that AVX512 EPYC was 
 oneDNN's packed form, while on an AVX2-only EPYC MKL ran the small model's projections 1.25x
 slower at batch 1, 2.6x at batch 4 and 1.3x at batch 64 (bench/RESULTS.md, session 9). So
 float32 is packed where a start-up timing of the model's own largest projection says it pays
-(`packing_pays`); values then differ from F.linear's by float32 summation order only.
+(`packing_pays`, timed once per machine and model where the engine keeps a tuning file:
+engine/step/choices/tuning.py); values then differ from F.linear's by float32 summation order only.
 
 The packed module replaces the nn.Linear in place (also the base layer inside a LoRA wrapper),
 so the plain weight is dropped and memory does not double.
@@ -19,13 +20,13 @@ so the plain weight is dropped and memory does not double.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.step.timing import best_time
+from engine.step.choices.timing import best_times
 from kernels.cpu import onednn
 from kernels.cpu.matmul import (
     NativeMatmul,
@@ -43,8 +44,8 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
     return dtype is torch.float32
 
 
-# The timed problem: decode-sized inputs (a step's rows), a few repeats, best of.
-_TIMED_ROWS, _REPEATS = (1, 4, 32), 5
+# The timed problem: decode-sized inputs (a step's rows), best of several interleaved repeats.
+_TIMED_ROWS, _REPEATS = (1, 4, 32), 9
 # float32 is packed only when that is clearly faster: a tie keeps the reference path.
 _MIN_GAIN = 1.1
 
@@ -63,18 +64,22 @@ def packing_pays(model: nn.Module, dtype: torch.dtype) -> tuple[bool, str]:
     plain_s = packed_s = 0.0
     for rows in _TIMED_ROWS:
         x = torch.randn(rows, largest.in_features, dtype=dtype)
-        plain_s += _best_of(F.linear, x, weight)
-        packed_s += _best_of(torch.ops.mkldnn._linear_pointwise, x, packed, None, "none", [], "")
+        plain = functools.partial(F.linear, x, weight)
+        pointwise = torch.ops.mkldnn._linear_pointwise
+        timings = best_times(
+            {
+                "plain": plain,
+                "packed": functools.partial(pointwise, x, packed, None, "none", [], ""),
+            },
+            _REPEATS,
+        )
+        plain_s, packed_s = plain_s + timings["plain"], packed_s + timings["packed"]
     pays = plain_s > _MIN_GAIN * packed_s
     shape = f"{largest.out_features}x{largest.in_features}"
     return (
         pays,
         f"float32 {shape} at {_TIMED_ROWS} rows: plain {plain_s * 1e3:.2f} ms, packed {packed_s * 1e3:.2f} ms",
     )
-
-
-def _best_of(op: Callable[..., object], *args: object) -> float:
-    return best_time(lambda: op(*args), _REPEATS)
 
 
 class PackedLinear(nn.Module):

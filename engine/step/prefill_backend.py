@@ -1,4 +1,5 @@
-"""Pick how prefill chunks attend, once, at start-up, by timing both on this machine.
+"""Pick how prefill chunks attend by timing both on this machine: once, at the first start with
+a tuning file, whose choice every later start reads (engine/step/choices/tuning.py).
 
 SDPA's flash kernel, or two matmuls around the native causal softmax (engine/step/attention.py
 `prefill_matmul`, the form decode attention already takes), which the native prefill kernel
@@ -20,15 +21,17 @@ from collections.abc import Callable
 import torch
 
 from engine.step.attention import PrefillSegment, prefill_matmul, prefill_sdpa
-from engine.step.timing import best_time
+from engine.step.choices.choice import PREFILL_ATTENTION
+from engine.step.choices.startup import StartupChoices
+from engine.step.choices.timing import best_times
 from kernels.cpu.layer import NativeLayer
 from kernels.cpu.native.build import built_or_none
 from kernels.cpu.prefill import NativePrefill, native_prefill
 
 log = logging.getLogger(__name__)
 
-# The timed problem: one fresh chunk of this many tokens, a few repeats, best of.
-_CHUNK, _REPEATS = 256, 3
+# The timed problem: one fresh chunk of this many tokens, best of several interleaved repeats.
+_CHUNK, _REPEATS = 256, 9
 # Two matmuls must be clearly faster: a near tie keeps SDPA (float32 here: 1.24 vs 1.37 ms).
 _MIN_GAIN_MATMULS = 1.2
 # The native kernel need only not be slower: it rounds as transformers' eager attention does
@@ -47,26 +50,49 @@ def choose_prefill_softmax(
     head_dim: int,
     dtype: torch.dtype,
     device: torch.device,
+    choices: StartupChoices | None = None,
 ) -> NativeLayer | None:
-    """The softmax kernel for the matmul form, or None for SDPA. `requested` "auto" times both
-    (the matmul form only where it is clearly faster for this model's shapes); "sdpa" and
-    "matmul" pin the form, as tests that compare two engines token for token need (a timing
-    taken on a loaded machine can pick either, and the two round differently in bf16)."""
+    """The softmax kernel for the matmul form, or None for SDPA. `requested` "auto": the form
+    saved in the tuning file for this machine and model, or the one timed now (the matmul form
+    only where it is clearly faster for this model's shapes; `choices` None: timed, not saved);
+    "sdpa" and "matmul" pin the form, as tests that compare two engines token for token need
+    (the two round differently in bf16)."""
     if requested not in FORMS:
         raise ValueError(f"prefill_attention must be one of {FORMS}, got {requested!r}")
     usable = (
         native is not None and device.type == "cpu" and dtype in (torch.bfloat16, torch.float32)
     )
-    if requested == "matmul":
-        if not usable:
-            raise ValueError(
-                "prefill_attention 'matmul' needs fused_layer_ops on a CPU and bf16 or fp32, "
-                f"got {dtype} on {device.type}"
-            )
-        return native
-    if requested == "sdpa" or not usable:
-        return None
-    assert native is not None
+    if requested == "matmul" and not usable:
+        raise ValueError(
+            "prefill_attention 'matmul' needs fused_layer_ops on a CPU and bf16 or fp32, "
+            f"got {dtype} on {device.type}"
+        )
+    choices = choices or StartupChoices()
+    if requested != "auto":
+        choice = choices.pin(PREFILL_ATTENTION, requested, f"prefill_attention {requested}")
+    elif native is None or not usable:
+        why = "no fused layer kernels" if native is None else f"{dtype} on {device.type}"
+        choice = choices.fix(PREFILL_ATTENTION, "sdpa", f"{why}: SDPA alone")
+    else:
+        layer = native
+        choice = choices.decide(
+            PREFILL_ATTENTION,
+            ("matmul", "sdpa"),
+            lambda: _faster_form(layer, num_heads, num_kv_heads, head_dim, dtype, device),
+        )
+    log.info("prefill attention: %s (%s)", choice.value, choice.origin())
+    return native if choice.value == "matmul" else None
+
+
+def _faster_form(
+    native: NativeLayer,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> tuple[str, str]:
+    """The form that times faster on one fresh chunk ("matmul" or "sdpa"), and the figures."""
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(_CHUNK, num_heads, head_dim, generator=gen).to(dtype)
     k = torch.randn(_CHUNK, num_kv_heads, head_dim, generator=gen).to(dtype)
@@ -81,18 +107,18 @@ def choose_prefill_softmax(
         matmul_form = functools.partial(kernel, q, k_cache, v_cache, torch.arange(_CHUNK), 0, scale)
     else:
         matmul_form = functools.partial(prefill_matmul, q, k, v, empty, empty, seg, scale, native)
-    timings = {
-        "matmul": best_time(matmul_form, _REPEATS),
-        "sdpa": best_time(lambda: prefill_sdpa(q, k, v, empty, empty, seg, scale), _REPEATS),
-    }
+    timings = best_times(
+        {
+            "matmul": matmul_form,
+            "sdpa": lambda: prefill_sdpa(q, k, v, empty, empty, seg, scale),
+        },
+        _REPEATS,
+    )
     gain = _MIN_GAIN_KERNEL if kernel is not None else _MIN_GAIN_MATMULS
     chosen = "matmul" if timings["matmul"] * gain <= timings["sdpa"] else "sdpa"
-    log.info(
-        "prefill attention: %s (%s for a %d-token chunk, %s)",
-        chosen, ", ".join(f"{name} {1e3 * t:.2f} ms" for name, t in timings.items()),
-        _CHUNK, dtype,
-    )  # fmt: skip
-    return native if chosen == "matmul" else None
+    form = "the native kernel" if kernel is not None else "two matmuls"
+    figures = ", ".join(f"{name} {1e3 * t:.2f} ms" for name, t in timings.items())
+    return chosen, f"{figures} ({form}) for a {_CHUNK}-token chunk, {dtype}"
 
 
 def choose_prefill_kernel(

@@ -64,7 +64,9 @@ def engine_routes() -> set:
 
     import engine.server as server
 
-    stand_in = types.SimpleNamespace(model_name="docs", stats=lambda: None, config=None)
+    stand_in = types.SimpleNamespace(
+        model_name="docs", stats=lambda: None, config=None, startup_choices=()
+    )
     try:
         app = server.create_app(stand_in)  # type: ignore[arg-type]
     except (TypeError, AttributeError):

@@ -27,7 +27,8 @@ VALUES = {
     "max_lora_rank": "32", "threads": "3", "enforce_eager": "false", "compile_cache_dir": "/tmp/c",
     "prepack_weights": "false", "fused_layer_ops": "false", "native_matmul": "off",
     "native_decode_step": "false", "grammar_cache_entries": "8",
-    "grammar_compile_timeout_s": "3.5", "grammar_compile_nice": "0",
+    "grammar_compile_timeout_s": "3.5", "grammar_compile_nice": "0", "tune": "true",
+    "tuning_file": "/tmp/tuning.json",
 }  # fmt: skip
 
 

@@ -3,7 +3,6 @@ own keys, for every decode backend, and the start-up choice between them."""
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 import time
@@ -246,11 +245,8 @@ def test_a_near_tie_keeps_sdpa_against_two_matmuls_but_not_against_the_kernel(
     (SDPA kept); as the native kernel, which rounds as eager attention does, it is enough."""
     dims = {"num_heads": HEADS, "num_kv_heads": KV_HEADS, "head_dim": 16}
     cpu, native = torch.device("cpu"), native_layer()
-    # the matmul form is the functools.partial the chooser builds; SDPA its lambda
     monkeypatch.setattr(
-        prefill_backend,
-        "best_time",
-        lambda fn, repeats: 1.0 if isinstance(fn, functools.partial) else 1.1,
+        prefill_backend, "best_times", lambda runs, repeats: {"matmul": 1.0, "sdpa": 1.1}
     )
     assert choose_prefill_softmax("auto", native, dtype=torch.float32, device=cpu, **dims) is native
     monkeypatch.setattr(prefill_backend, "_kernel", lambda **kwargs: None)

@@ -1,0 +1,1 @@
+"""The start-up choices of native paths (attention backends, the matmul kernel's rows, float32 packing): timed once per machine and model, saved in a tuning file, read by every later start, so the paths an engine takes do not depend on what else the machine was running when it started."""
