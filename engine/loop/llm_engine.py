@@ -7,13 +7,20 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable
-from pathlib import Path
 
 import torch
 
 from engine.config import EngineConfig
 from engine.errors import AdapterNotFoundError, InvalidRequestError
-from engine.loop.request_state import RequestState
+from engine.loop.engine_parts import (
+    build_grammars,
+    build_sampler,
+    check_prompt,
+    num_kv_blocks,
+    optional_path,
+    resolve_dtype,
+)
+from engine.loop.request_state import RequestState, seeded_generators
 from engine.models.hf_config import load_model_config
 from engine.models.loader import load_model
 from engine.outputs import (
@@ -24,27 +31,22 @@ from engine.outputs import (
     RequestTimes,
 )
 from engine.request import EngineRequest, RequestId
-from engine.sampling.sampler import Sampler, SamplingRow, reads_token_history
+from engine.sampling.sampler import SamplingRow, reads_token_history
 from engine.scheduling.block_manager import BlockManager
 from engine.scheduling.scheduler import Scheduler, adapter_of
 from engine.scheduling.sequence import Sequence
 from engine.step.choices.startup import StartupChoices
 from engine.step.compile_decode import use_compile_cache
 from engine.step.lora_setup import build_lora_manager, lora_stats
-from engine.step.model_runner import ForwardOutput, ModelRunner, kv_bytes_per_block
+from engine.step.model_runner import ForwardOutput, ModelRunner
 from engine.step.native_matmul import prepare_linears
 from engine.step.threads import apply_threads
-from engine.structured.compiler import CompilerLimits, GrammarCompiler
-from engine.structured.masks import MaskOps
-from kernels.cpu.native.build import built_or_none
-from kernels.cpu.token_mask import token_mask
 from lora.manager import LoRAManager
 from lora.registry import AdapterId
 
 log = logging.getLogger(__name__)
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class LLMEngine:
@@ -54,7 +56,7 @@ class LLMEngine:
         self.model_config = load_model_config(config.model)
         mc = self.model_config
         self.device = torch.device(config.device)
-        self.dtype = self._resolve_dtype(config.dtype, mc.torch_dtype, self.device)
+        self.dtype = resolve_dtype(config.dtype, mc.torch_dtype, self.device)
         self.vocab_size = mc.vocab_size
         self.max_model_len = min(
             config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
@@ -64,14 +66,12 @@ class LLMEngine:
         model = load_model(
             config.model, mc, dtype=self.dtype, device=self.device, max_positions=self.max_model_len
         )
-        num_blocks = config.num_kv_blocks or max(
-            1, config.kv_cache_memory_bytes // kv_bytes_per_block(mc, config.block_size, self.dtype)
-        )
+        num_blocks = num_kv_blocks(config, mc, self.dtype)
         self.block_manager = BlockManager(
             num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
         # Before the LoRA set-up, whose CPU kernel compiles there too.
-        use_compile_cache(_optional_path(config.compile_cache_dir))
+        use_compile_cache(optional_path(config.compile_cache_dir))
         self.lora: LoRAManager | None = (
             build_lora_manager(model, config, mc, self.device) if config.enable_lora else None
         )
@@ -103,55 +103,19 @@ class LLMEngine:
             fused_layer_ops=config.fused_layer_ops,
             native_decode_step=config.native_decode_step,
             max_num_seqs=config.max_num_seqs,
-            compile_cache_dir=_optional_path(config.compile_cache_dir),
+            compile_cache_dir=optional_path(config.compile_cache_dir),
             choices=choices,
         )
         self.startup_choices = tuple(choices.made.values())  # for /metrics
-        # the layer kernels' argmax for greedy rows where they take the logits' dtype (the
-        # model's: bf16 or float32; float16 keeps torch's)
-        native = self.runner.native_layer
-        argmax = None
-        if native is not None and native.supports(torch.empty(0, dtype=self.dtype)):
-            argmax = native.argmax
-        self.sampler = Sampler(
-            mc.vocab_size,
-            self.device,
-            seed=config.seed,
-            argmax=argmax,
-            grammar_threads=self.num_threads,
-            mask_ops=MaskOps(
-                built_or_none(token_mask, "token mask kernels unavailable; PyTorch instead")
-                if self.device.type == "cpu"
-                else None
-            ),
+        self.sampler = build_sampler(
+            config, mc, self.runner, self.dtype, self.device, self.num_threads
         )
-        # Structured outputs: grammars compiled against the model's tokenizer (loaded on the
-        # first request that asks for one).
-        self.grammars = GrammarCompiler.for_model(
-            config.model,
-            mc.vocab_size,
-            sorted(self.eos_token_ids),
-            CompilerLimits(
-                cache_entries=config.grammar_cache_entries,
-                compile_timeout_s=config.grammar_compile_timeout_s,
-                compile_nice=config.grammar_compile_nice,
-            ),
-        )
+        self.grammars = build_grammars(config, mc)
         self._requests: dict[RequestId, RequestState] = {}
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
-
-    @staticmethod
-    def _resolve_dtype(name: str, checkpoint: str | None, device: torch.device) -> torch.dtype:
-        if name != "auto":
-            return _DTYPES[name]
-        if checkpoint in _DTYPES:
-            dtype = _DTYPES[checkpoint]
-            # CPUs without fast fp16 matmul run fp16 checkpoints in bf16-free float32.
-            return torch.float32 if dtype is torch.float16 and device.type == "cpu" else dtype
-        return torch.float32
 
     # -- requests ------------------------------------------------------------------------
 
@@ -160,22 +124,7 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"request_id {request.request_id!r} is already in flight", param="request_id"
             )
-        tokens = request.prompt_token_ids
-        if not tokens:
-            raise InvalidRequestError("token_ids must not be empty", param="token_ids")
-        if min(tokens) < 0:
-            raise InvalidRequestError("token ids must not be negative", param="token_ids")
-        if max(tokens) >= self.vocab_size:
-            raise InvalidRequestError(
-                f"token id {max(tokens)} is outside the vocabulary [0, {self.vocab_size})",
-                param="token_ids",
-            )
-        if len(tokens) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"the prompt has {len(tokens)} tokens; the context length is {self.max_model_len} "
-                "and at least one token must be generated",
-                param="token_ids",
-            )
+        check_prompt(request.prompt_token_ids, self.vocab_size, self.max_model_len)
         request.sampling_params.validate(vocab_size=self.vocab_size)
         if not INT64_MIN <= request.priority <= INT64_MAX:
             raise InvalidRequestError("priority must be a signed 64-bit integer", param="priority")
@@ -215,14 +164,7 @@ class LLMEngine:
             )
             for i in range(params.n)
         ]
-        generators: list[torch.Generator | None] = []
-        for i in range(params.n):
-            if params.seed is None:
-                generators.append(None)
-            else:
-                gen = torch.Generator(device=self.device)
-                gen.manual_seed((params.seed + i) % (2**63))
-                generators.append(gen)
+        generators = seeded_generators(params.seed, params.n, self.device)
         state = RequestState(request, seqs, RequestTimes(arrival=request.arrival_time), generators)
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]
@@ -443,7 +385,3 @@ class LLMEngine:
 
     def check_invariants(self) -> None:
         self.block_manager.check_invariants(self.scheduler.live_sequences())
-
-
-def _optional_path(path: str | None) -> Path | None:
-    return None if path is None else Path(path)

@@ -13,6 +13,21 @@ from engine.request import EngineRequest
 from engine.scheduling.sequence import Sequence
 
 
+def seeded_generators(
+    seed: int | None, n: int, device: torch.device
+) -> list[torch.Generator | None]:
+    """One generator per choice when the request has a seed (choice i draws from seed + i, as
+    vLLM's n > 1 does), none otherwise."""
+    if seed is None:
+        return [None] * n
+    generators: list[torch.Generator | None] = []
+    for i in range(n):
+        gen = torch.Generator(device=device)
+        gen.manual_seed((seed + i) % (2**63))
+        generators.append(gen)
+    return generators
+
+
 @dataclass
 class RequestState:
     """One request's sequences and what has been reported of them."""
