@@ -86,8 +86,8 @@ class LoRALinear(nn.Module):
         if device.type == "cpu":
             # On huge pages (kernels/cpu/huge_pages.py): a step with many adapters reads a few
             # hundred KB of each slot's stacks, scattered over the pool; with 4 KiB pages every
-            # few KB is a TLB miss and the prefetchers stop at each page (bench/RESULTS.md,
-            # session 19: 34 distinct adapters' runs 9.3 -> 7.9 ms).
+            # few KB is a TLB miss and the prefetchers stop at each page (bench/history/
+            # RESULTS-2026-11.md, session 19: 34 distinct adapters' runs 9.3 -> 7.9 ms).
             self.lora_a = huge_pages.empty(
                 (max_loras, n * max_rank, base.in_features), dtype
             ).zero_()
@@ -193,7 +193,7 @@ class SlotWrites:
     each). Why: one torch call per tensor was ~200 calls an activation, and each hands the GIL
     to whatever thread wants it; while the adapter reader thread was reading, the engine loop
     waited for it at each, and an activation took ~14 ms on the loop against ~2 ms alone
-    (bench/RESULTS.md, session 19)."""
+    (bench/history/RESULTS-2026-11.md, session 19)."""
 
     zeros: list[torch.Tensor] = field(default_factory=list)
     targets: list[torch.Tensor] = field(default_factory=list)

@@ -10,7 +10,7 @@ Two kinds of free block:
 
 Why by address: decode attention reads each sequence's blocks in turn, and on a 2-core AMX
 Xeon it read them at 12-14 GB/s where they lay at random against 18-22 GB/s where a sequence's
-blocks, or consecutive sequences' blocks, lay side by side (bench/RESULTS.md, session 20). The
+blocks, or consecutive sequences' blocks, lay side by side (bench/history/RESULTS-2026-11.md, session 20). The
 least-recently-freed queue alone kept the order a fresh pool starts with (ascending ids) only
 until sequences began to finish: rerunning the mixed-lengths workload on one engine (prefix
 caching off) left 61% -> 22% -> 8% of a decode table's neighbouring blocks adjacent, and

@@ -11,7 +11,7 @@ a step with prefill chunks, where their attention is the prefill kernel's (the r
 prefill kernel is set) and no row has an adapter. Then the values equal the eager step's bit
 for bit (tests/engine/step/test_native_decoder.py); what changes is ~100 Python-side kernel calls a
 step become one (in a prefill step of the mixed workload, ~5 ms of Python a step:
-bench/RESULTS.md, session 30).
+bench/history/RESULTS-2026-11.md, session 30).
 """
 
 from __future__ import annotations

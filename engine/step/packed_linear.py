@@ -9,7 +9,7 @@ float32).
 
 float32 depends on the CPU: F.linear goes to MKL, which on that AVX512 EPYC was as fast as
 oneDNN's packed form, while on an AVX2-only EPYC MKL ran the small model's projections 1.25x
-slower at batch 1, 2.6x at batch 4 and 1.3x at batch 64 (bench/RESULTS.md, session 9). So
+slower at batch 1, 2.6x at batch 4 and 1.3x at batch 64 (bench/history/RESULTS-2026-11.md, session 9). So
 float32 is packed where a start-up timing of the model's own largest projection says it pays
 (`packing_pays`, timed once per machine and model where the engine keeps a tuning file:
 engine/step/choices/tuning.py); values then differ from F.linear's by float32 summation order only.

@@ -195,6 +195,6 @@ def count_compiled_steps(engine: LLMEngine) -> Callable[[], int]:
 # operators, plain F.linear weights) stay within 1e-4. The fast CPU layers, the defaults (fused
 # norm/RoPE/SiLU kernels; oneDNN-packed float32 weights where the start-up timing packs them),
 # sum in another order: packing alone measured 9.3e-5 against transformers and 1.6e-4 against
-# PEFT on the AVX2 box (bench/RESULTS.md session 9). Tokens must still be identical.
+# PEFT on the AVX2 box (bench/history/RESULTS-2026-11.md session 9). Tokens must still be identical.
 REFERENCE_TOLERANCE = 1e-4
 FAST_TOLERANCE = 2e-4

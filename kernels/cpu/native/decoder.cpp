@@ -6,7 +6,7 @@
 // with the cache write and attention per layer), and from Python each costs its dispatch, its
 // checks, an output allocation and a ctypes call with a dozen arguments. With 64 rows that was
 // ~15% of a step's wall time on the main thread while the other threads waited for the next
-// kernel (bench/RESULTS.md, session 16). Here the same kernels run in the same order over
+// kernel (bench/history/RESULTS-2026-11.md, session 16). Here the same kernels run in the same order over
 // buffers the caller allocated, so the values are the eager native path's, bit for bit.
 //
 // The kernels are the other libraries' extern "C" entries, reached through the function

@@ -9,7 +9,7 @@
 //           B again for every row).
 //
 // Why: a prefill chunk's long runs went through two oneDNN calls a sub-projection (~20 us each
-// whatever the rows) and the decode rows one at a time at ~95 GFLOP/s; bench/RESULTS.md
+// whatever the rows) and the decode rows one at a time at ~95 GFLOP/s; bench/history/RESULTS-2026-11.md
 // (session 15) has the figures. Roundings as the row kernel: y rounded to bf16 between the
 // products, out + delta rounded once (round to nearest even, NaN kept).
 #pragma once

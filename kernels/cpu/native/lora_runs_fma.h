@@ -12,7 +12,7 @@
 //
 // Why: without it an adapter step on such a CPU ran eager, its long runs by float32 BLAS on
 // weights widened into temporaries for each call, and the native decoder declined adapter
-// steps (bench/RESULTS.md, session 24). Roundings as the other kernels: y rounded to bf16
+// steps (bench/history/RESULTS-2026-11.md, session 24). Roundings as the other kernels: y rounded to bf16
 // between the products, out + delta rounded once (nearest even, NaN kept).
 #pragma once
 

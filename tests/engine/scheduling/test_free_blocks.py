@@ -1,6 +1,6 @@
 """The free-block pool (engine/scheduling/free_blocks.py): which free block a sequence gets, and that a
 pool under churn keeps sequences' blocks side by side (decode attention reads scattered blocks
-~1.5x slower: bench/RESULTS.md, session 20). Model-free."""
+~1.5x slower: bench/history/RESULTS-2026-11.md, session 20). Model-free."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_blocks_without_a_prefix_stay_side_by_side_under_churn() -> None:
     """Prefix caching off (every freed block uncached): with the least-recently-freed queue
     alone the rounds after the first had 1-2% of their neighbours side by side; given out by
     address, 31-53%. (With prefix caching on, freed full blocks stay cached and the queue's
-    order still decides: 2-19% after the first round either way; bench/RESULTS.md, session
+    order still decides: 2-19% after the first round either way; bench/history/RESULTS-2026-11.md, session
     20.)"""
     shares = _adjacency_under_churn(prefix_caching=False)
     assert min(shares[1:]) >= 0.25, shares
