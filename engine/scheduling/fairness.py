@@ -2,8 +2,9 @@
 
 Each tenant key has a counter of tokens served (prefill and decode alike). Among waiting
 requests of equal priority the tenant with the smallest counter goes first. A tenant that
-becomes active again is lifted to the smallest counter among active tenants, so idle time is
-not banked as credit that would later starve the others (Sheng et al., "Fairness in Serving
+becomes active again (its first unfinished sequence arrives) is lifted to the smallest counter
+among the other active tenants, never lowered, and keeps its own when none is active: idle time
+is not banked as credit that would later starve the others (Sheng et al., "Fairness in Serving
 Large Language Models", OSDI 2024). Only that lift moves a counter other than a charge, and it
 applies to a tenant with no unfinished request (the waiting line relies on this).
 

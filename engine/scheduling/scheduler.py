@@ -1,28 +1,50 @@
 """Continuous batching with chunked prefill, priority + fair ordering, aging and preemption.
 
 Plain Python over Sequence objects and the BlockManager; no tensors. One `schedule()` call
-plans one engine step:
+plans one engine step. Its ranks, taken at the step's start (`now`: the steps planned so far):
 
-0. Priority preemption: while the best waiting sequence ranks strictly above the worst running
-   one (aged level) and the batch is full (max_num_seqs) or the KV cache cannot hold its first
-   chunk, the worst running sequence is preempted (its blocks are freed; it is recomputed later
-   and keeps its arrival order, so its place in line).
-1. Running sequences, best first, get their next tokens (1 for decode, a chunk for prefill)
-   under the token budget; when KV blocks run out the worst running sequence is preempted,
-   possibly the one asking.
-2. Waiting sequences, in line order, are admitted while seats, budget and blocks last. The first
-   one that does not fit stops admission, so a large high-priority prompt is not starved by
-   smaller ones behind it.
+- A sequence's aged level is `priority - (now - arrival_step) // aging_steps`; lower ranks
+  higher. A preempted sequence keeps its arrival step and arrival order, so its level and its
+  place in line.
+- The running sequences go best first by (aged level, arrival order); the choices of one
+  request share an arrival order and keep their order among themselves (a stable sort). The
+  last one is the worst.
+- The waiting line: engine/scheduling/waiting_queue.py's order (below).
 
-The waiting line (engine/scheduling/waiting_queue.py). `fcfs`: arrival order. `priority`: the sequences of
-one priority value form a band. Bands go in the order of their oldest sequence's deadline
-`priority * aging_steps + arrival_step`, which is the order of its aged level
-`priority - steps_waited // aging_steps`. Inside a band the tenant with the smallest
-served-token counter (engine/scheduling/fairness.py) goes first, then arrival order: aging only lets one
-band overtake another, it never reorders tenants inside a band. A request of priority p under a
-steady stream of priority-q requests (q < p) outranks every newcomer after
-(p - q + 1) * aging_steps steps, so its wait is bounded by that plus the time to serve the
-finitely many requests ahead of it (those that arrived before, and its own band's fair share).
+Under `fcfs` both go by arrival order alone, priorities are ignored, and step 0 is skipped.
+
+0. Priority preemption. The candidate is the first sequence in line whose adapter can be
+   pinned now (on the base model, always), looking at most `max_num_seqs` deep. While its aged
+   level is strictly below the worst running sequence's and the batch is full (`max_num_seqs`
+   running) or the free KV blocks cannot hold its first chunk (its prompt past its prefix-cache
+   hit, at most `max_num_batched_tokens`), the worst running sequence is preempted: its blocks
+   and its adapter pin are freed and it rejoins the line, to be recomputed. The candidate is
+   chosen again after each preemption.
+1. Running sequences, best first, get their uncomputed tokens (1 for decode, the rest of the
+   prompt for prefill), capped by what is left of the token budget (`max_num_batched_tokens`);
+   once it is spent the rest get nothing this step. When the free KV blocks cannot hold a
+   sequence's tokens the worst running sequence is preempted until they can; if that is the one
+   asking, no later one runs this step either.
+2. Admission, unless step 1 preempted a sequence (after running out of KV blocks, admitting
+   more would only thrash). Waiting sequences, in line order, are admitted while a seat and
+   budget are left: each takes its prefix-cache hit (none with prompt logprobs, which need every
+   position's logits) and schedules the rest of its prompt, capped by the budget left. The
+   first one whose chunk the free KV blocks cannot hold stops admission, so a large
+   high-priority prompt is not starved by smaller ones behind it. Adapters: below.
+3. Each tenant's fair-share counter is charged the tokens scheduled for it this step, at the
+   end of the step (so the line's order holds for the whole step).
+
+The waiting line (engine/scheduling/waiting_queue.py). `fcfs`: arrival order. `priority`: the
+sequences of one priority value form a band. Bands go in the order of their oldest sequence's
+deadline `priority * aging_steps + arrival_step` (ties: the older oldest), which orders them by
+that sequence's aged level, and bands of one aged level by deadline. Inside a band the tenant
+with the smallest served-token counter (engine/scheduling/fairness.py) goes first (ties: the
+tenant whose oldest sequence there arrived first), then that tenant's sequences in arrival
+order: aging only lets one band overtake another, it never reorders tenants inside a band. A
+request of priority p under a steady stream of priority-q requests (q < p) outranks every
+newcomer after (p - q + 1) * aging_steps steps, so its wait is bounded by that plus the time to
+serve the finitely many requests ahead of it (those that arrived before, and its own band's fair
+share).
 
 Cost. The line is an index, never sorted as a whole: a step takes sequences from its front one
 at a time and puts back those it did not admit, O(log n) each for n waiting. It takes the ones
@@ -35,17 +57,18 @@ be admitted: a line of nothing but sequences waiting for a slot costs O(slots) a
 
 Adapters. Every running sequence with an adapter pins it in one of the adapter cache's slots
 (lora/cache.py; their number comes from a memory budget, engine/step/lora_setup.py), so a batch
-never holds more distinct adapters than slots. A waiting sequence whose adapter can get no slot
-(all pinned) or is still being read from disk (on the manager's worker thread) is passed over,
-not a stop: the ones behind it still run, up to `max_num_seqs` passed over per step. The first
-sequence in line that finds no slot picks one pinned slot to drain (fewest running users):
-sequences behind it in line that would pin that adapter again wait too, so the slot frees once
-its running sequences finish and the passed-over sequence gets it; it eventually leads the line
+never holds more distinct adapters than slots. In admission, a waiting sequence whose adapter's
+read failed fails (that request only). One whose adapter cannot be pinned now (every slot
+pinned, or not read from disk yet: reads run on the manager's worker thread) is passed over,
+not a stop: the ones behind it still run; the `max_num_seqs`-th passed over ends admission. The
+first one passed over whose adapter can get no slot at all (every slot pinned) picks one pinned
+slot to drain (fewest running users, then least recently used): sequences behind it in line on
+that adapter are passed over too, even when they could pin it, so the slot frees once its
+running sequences finish and the passed-over sequence gets it; it eventually leads the line
 (aging moves its band ahead, the fair-share counter its tenant), so its wait is bounded like any
-other. A sequence whose adapter's read failed fails (that request only). Each step the cache is
-told which adapters the line needs: those of the sequences this step may admit, in line order,
-then every other adapter a waiting sequence needs, by id (the order reads start in, eviction
-preference).
+other. After step 0 the cache is told which adapters the line needs: the adapter (None: the
+base model) of each of the line's first `free seats + 1` sequences, in line order, then every
+other adapter a waiting sequence needs, by id (the order reads start in, eviction preference).
 
 Invariant (check_invariants): every sequence is in exactly one of waiting (status WAITING, no
 KV blocks) and running (status RUNNING, at most max_num_seqs); each adapter's pins equal its

@@ -7,10 +7,11 @@ arrival order):
   sequence has the smallest deadline `priority * aging_steps + arrival_step` goes first, ties to
   the older head. A sequence's aged level `priority - steps_waited // aging_steps` equals
   `ceil((deadline - now) / aging_steps)`, so this orders bands by their oldest sequence's aged
-  level, and it never changes as steps pass: only a band's oldest sequence moves its place.
-- Inside a band: the tenant served the fewest tokens (the fair-share counter, engine/scheduling/fairness.py)
-  goes first, ties to the tenant whose oldest sequence in the band arrived first. Aging never
-  reorders tenants inside a band.
+  level (bands of one level by deadline), and it never changes as steps pass: only a band's
+  oldest sequence moves its place.
+- Inside a band: the tenant served the fewest tokens (the fair-share counter,
+  engine/scheduling/fairness.py) goes first, ties to the tenant whose oldest sequence in the
+  band arrived first. Aging never reorders tenants inside a band.
 - Inside a tenant's part of a band: arrival order (`arrival_order`, then `seq_id`).
 
 The line is the sequence of successive choices: take the best, remove it, choose again. Taking
@@ -31,13 +32,13 @@ at arrival, and a preempted sequence keeps both.
 A band's or a tenant line's current entry (the one of its current version) holds a lower bound
 of its key, not always the key: a key only grows between pushes (taking a line's oldest moves
 its head later, and so its band's deadline; a charge raises the tenant's counter, and the
-counter of a tenant with waiting sequences changes only when it is charged: engine/scheduling/fairness.py
-lifts only idle tenants), so a key that grows is not pushed again; when its entry reaches the
-top it is corrected in place (`heapreplace`) before it is believed. An entry is pushed only
-when a key shrinks (an older sequence arrives or comes back). Every entry below the top is then
-at most its line's true key, so a corrected top is the true minimum. Passing over a sequence
-(taken and put back) costs its line one push, and a charge none: the line reads the counters
-through `served` when it needs them, and nobody has to report a change.
+counter of a tenant with waiting sequences changes only when it is charged:
+engine/scheduling/fairness.py lifts only idle tenants), so a key that grows is not pushed again;
+when its entry reaches the top it is corrected in place (`heapreplace`) before it is believed.
+An entry is pushed only when a key shrinks (an older sequence arrives or comes back). Every
+entry below the top is then at most its line's true key, so a corrected top is the true minimum.
+Passing over a sequence (taken and put back) costs its line one push, and a charge none: the
+line reads the counters through `served` when it needs them, and nobody has to report a change.
 
 So `add`, `remove` and `pop` cost O(log n) amortized and `peek` O(1) amortized.
 

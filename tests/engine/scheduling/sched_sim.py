@@ -47,29 +47,55 @@ class Sim:
         salt: str | None = None,
         adapter_id: int | None = None,
     ) -> Sequence:
+        (seq,) = self.add_choices(
+            name, prompt, max_tokens=max_tokens, priority=priority, tenant=tenant, salt=salt,
+            adapter_id=adapter_id,
+        )  # fmt: skip
+        return seq
+
+    def add_choices(
+        self,
+        name: str,
+        prompt: list[int] | int = 8,
+        *,
+        n: int = 1,
+        max_tokens: int = 4,
+        priority: int = 0,
+        tenant: str | None = None,
+        salt: str | None = None,
+        adapter_id: int | None = None,
+        prompt_logprobs: int | None = None,
+    ) -> list[Sequence]:
+        """A request of `n` choices, as the engine adds one: a sequence each, sharing the
+        request and its arrival order."""
         tokens = list(range(1, prompt + 1)) if isinstance(prompt, int) else list(prompt)
         request = EngineRequest(
             request_id=RequestId(name),
             prompt_token_ids=tuple(tokens),
-            sampling_params=SamplingParams(max_tokens=max_tokens),
+            sampling_params=SamplingParams(
+                max_tokens=max_tokens, n=n, prompt_logprobs=prompt_logprobs
+            ),
             priority=priority,
             cache_salt=salt,
             fairness_key=tenant,
         )
         order = next(self._ids)
-        seq = Sequence(
-            seq_id=order,
-            request=request,
-            index=0,
-            arrival_order=order,
-            arrival_step=self.scheduler.num_steps,
-            token_ids=tokens,
-            num_prompt_tokens=len(tokens),
-            max_tokens=max_tokens,
-            adapter_id=adapter_id,
-        )
-        self.scheduler.add(seq)
-        return seq
+        seqs = []
+        for index in range(n):
+            seq = Sequence(
+                seq_id=order if index == 0 else next(self._ids),
+                request=request,
+                index=index,
+                arrival_order=order,
+                arrival_step=self.scheduler.num_steps,
+                token_ids=list(tokens),
+                num_prompt_tokens=len(tokens),
+                max_tokens=max_tokens,
+                adapter_id=adapter_id,
+            )
+            self.scheduler.add(seq)
+            seqs.append(seq)
+        return seqs
 
     def step(self) -> SchedulerOutput:
         out = self.scheduler.schedule()

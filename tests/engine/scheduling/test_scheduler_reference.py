@@ -1,8 +1,10 @@
-"""engine/scheduling/scheduler.py (the waiting line as an index) makes the same choices as the brute-force
-ReferenceScheduler (tests/engine/scheduling/reference_scheduler.py) over random operation sequences:
-arrivals of every priority, tenant and adapter, aborts, KV pressure, adapter slots, and an
-adapter that cannot be read. Every step's scheduled, preempted and failed sequences, the running
-order and the waiting set must agree."""
+"""engine/scheduling/scheduler.py (the waiting line as an index) makes the same choices as
+ReferenceScheduler (tests/engine/scheduling/reference_scheduler.py), the rules of its docstring by
+brute force, over random operation sequences: arrivals of every priority (ignored under fcfs),
+tenant and adapter, requests of several choices, prompt logprobs (no prefix hit), aborts, KV
+pressure, adapter slots, disk reads held in flight for some steps, and an adapter that cannot be
+read. Every step's scheduled, preempted and failed sequences, the running order, the waiting
+set, the fair-share counters and the adapter cache's reads must agree."""
 
 from __future__ import annotations
 
@@ -30,18 +32,21 @@ arrival_st = st.tuples(
     st.integers(1, 24),  # prompt length (prompts share prefixes: 1, 2, 3, ...)
     st.integers(1, 8),  # max tokens
     st.integers(0, 4),  # adapter (0: the base model; 4 cannot be read)
+    st.sampled_from([1, 1, 1, 2, 3]),  # choices
+    st.sampled_from([None, None, None, 0]),  # prompt logprobs
 )
 step_st = st.tuples(
     st.lists(arrival_st, max_size=4),
     st.lists(st.integers(0, 1000), max_size=1),  # aborts: index into the live sequences
+    st.booleans(),  # held disk reads finish before this step
 )
 
 
-def make_sim(cls: Any, config: EngineConfig, num_blocks: int) -> Sim:
+def make_sim(cls: Any, config: EngineConfig, num_blocks: int, hold_loads: bool) -> Sim:
     cache: AdapterCache[str] | None = None
     if config.enable_lora:
         lora = config.max_loras or 1
-        source = FakeSource(unreadable={AdapterId(UNREADABLE)})
+        source = FakeSource(unreadable={AdapterId(UNREADABLE)}, hold_loads=hold_loads)
         cache = AdapterCache(
             max_loras=lora, max_cpu_loras=config.num_cpu_loras(lora), source=source
         )
@@ -67,9 +72,10 @@ def summary(out: SchedulerOutput) -> tuple[list[tuple[int, int]], list[int], lis
     num_blocks=st.integers(8, 40),
     aging_steps=st.integers(1, 6),
     lora=st.sampled_from([None, 1, 2, 3]),  # None: no adapter cache; else max_loras
+    hold_loads=st.booleans(),
 )
 def test_same_choices_as_the_brute_force_reference(
-    steps, policy, max_num_seqs, max_num_batched_tokens, num_blocks, aging_steps, lora
+    steps, policy, max_num_seqs, max_num_batched_tokens, num_blocks, aging_steps, lora, hold_loads
 ):
     config = EngineConfig(
         model="unused", block_size=4, policy=policy, max_num_seqs=max_num_seqs,
@@ -78,17 +84,17 @@ def test_same_choices_as_the_brute_force_reference(
         max_cpu_loras=(lora or 1) + 1,
     )  # fmt: skip
     sims = [
-        make_sim(Scheduler, config, num_blocks),
-        make_sim(ReferenceScheduler, config, num_blocks),
+        make_sim(Scheduler, config, num_blocks, hold_loads),
+        make_sim(ReferenceScheduler, config, num_blocks, hold_loads),
     ]
     count = 0
-    for arrivals, aborts in [*steps, *[([], [])] * 60]:
-        for priority, tenant, prompt, max_tokens, adapter in arrivals:
+    for arrivals, aborts, finish_reads in [*steps, *[([], [], True)] * 60]:
+        for priority, tenant, prompt, max_tokens, adapter, n, prompt_logprobs in arrivals:
             for sim in sims:
-                sim.add(
-                    f"r{count}", prompt, max_tokens=max_tokens,
-                    priority=priority if policy == "priority" else 0,
+                sim.add_choices(
+                    f"r{count}", prompt, n=n, max_tokens=max_tokens, priority=priority,
                     tenant=f"t{tenant}", adapter_id=(adapter or None) if lora else None,
+                    prompt_logprobs=prompt_logprobs,
                 )  # fmt: skip
             count += 1
         for index in aborts:
@@ -98,6 +104,9 @@ def test_same_choices_as_the_brute_force_reference(
                     seq = live[index % len(live)]
                     sim.scheduler.finish(seq)
                     seq.finish_reason = FinishReason.ABORT
+        if finish_reads and lora:
+            for sim in sims:
+                sim.scheduler.adapters._source.complete_all()
         outs = [summary(sim.step()) for sim in sims]
         assert outs[0] == outs[1]
         index, reference = (sim.scheduler for sim in sims)

@@ -1,5 +1,6 @@
-"""The waiting line's index (engine/scheduling/waiting_queue.py) against the brute-force order of
-tests/engine/scheduling/reference_scheduler.py, over random sequences of operations (hypothesis)."""
+"""The waiting line's index (engine/scheduling/waiting_queue.py) against its docstring's order
+computed by brute force (`line_order`, tests/engine/scheduling/reference_scheduler.py), over
+random sequences of operations (hypothesis)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,19 @@ def make_seq(i: int, *, step: int, priority: int, tenant: str, adapter: int | No
     )  # fmt: skip
 
 
+def another_choice(seq: Sequence, seq_id: int) -> Sequence:
+    """A further choice of seq's request: the engine adds them together, sharing the request's
+    arrival order and step."""
+    return Sequence(
+        seq_id=seq_id, request=seq.request, index=seq.index + 1, arrival_order=seq.arrival_order,
+        arrival_step=seq.arrival_step, token_ids=[1, 2, 3], num_prompt_tokens=3, max_tokens=1,
+        adapter_id=seq.adapter_id,
+    )  # fmt: skip
+
+
 op_st = st.one_of(
     st.tuples(st.just("add"), st.integers(-2, 2), st.integers(0, 4), st.sampled_from([None, 1, 2])),
+    st.tuples(st.just("add_choice")),
     st.tuples(st.just("remove"), st.integers(0, 1000)),
     st.tuples(st.just("charge"), st.integers(0, 4), st.integers(1, 50)),
     st.tuples(st.just("pop_readd"), st.integers(1, 6)),
@@ -56,9 +68,17 @@ def test_index_pops_in_the_brute_force_line_order(ops, aging_steps, by_priority)
             by_priority=by_priority,
         )  # fmt: skip
 
+    last: Sequence | None = None
     for op in ops:
         if op[0] == "add":
-            seq = make_seq(count, step=step, priority=op[1], tenant=f"t{op[2]}", adapter=op[3])
+            seq = last = make_seq(
+                count, step=step, priority=op[1], tenant=f"t{op[2]}", adapter=op[3]
+            )
+            count += 1
+            queue.add(seq)
+            members.append(seq)
+        elif op[0] == "add_choice" and last is not None:
+            seq = last = another_choice(last, count)
             count += 1
             queue.add(seq)
             members.append(seq)
