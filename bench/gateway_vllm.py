@@ -26,6 +26,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+# The checkout ahead of tests/: its folders (tests/tenancy, tests/engine, ...) would otherwise be
+# found as namespace packages before the installed ones.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gateway_overhead import bench_key, bootstrap, gateway_env
 from gateway_processes import Processes, free_port, start_redis, wait_http
 from vllm_servers import SERVE_ARGS, start_vllm

@@ -49,6 +49,9 @@ from workload import BenchRequest, WorkloadSpec, make_workload, token_pool
 
 # The start-and-wait helper is the tests' (tests/server_process.py): one for both.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+# The checkout ahead of tests/: its folders (tests/tenancy, tests/engine, ...) would otherwise be
+# found as namespace packages before the installed ones.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from server_process import free_port, start_logged, wait_healthy
 
 BIN = Path(sys.executable).parent
