@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 # Triton kernels run on CPU only through the interpreter; it is read when triton loads.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -10,6 +11,15 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One tuning file per test run (engine/step/choices): the run's first engine start times the
+# native paths and later starts read them, as a deployment's do; a file an earlier run left
+# (timed under whatever load it had) never decides this run's paths. The gateway's embedded
+# engine reads the variable; `loragate engine` processes get it as --tuning-file
+# (tests/gateway/engine_processes.py).
+os.environ.setdefault(
+    "LORAGATE_ENGINE__TUNING_FILE",
+    os.path.join(tempfile.mkdtemp(prefix="loragate-tuning-"), "tuning.json"),
+)
 
 from collections.abc import Callable
 from pathlib import Path

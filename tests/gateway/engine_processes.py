@@ -36,6 +36,13 @@ class EngineProcess:
         return total
 
 
+def session_tuning_file() -> list[str]:
+    """The test run's tuning file (tests/conftest.py) as `loragate engine` takes it; a test's own
+    --tuning-file, given after it, wins."""
+    path = os.environ.get("LORAGATE_ENGINE__TUNING_FILE")
+    return [] if path is None else ["--tuning-file", path]
+
+
 def start_engines(model_dir: Path, workdir: Path, count: int, *args: str) -> list[EngineProcess]:
     """`count` engines on this machine's cores, which they share with the gateways and the test:
     each gets an even share of torch threads (at least one), as a deployment of several engines
@@ -50,7 +57,7 @@ def start_engines(model_dir: Path, workdir: Path, count: int, *args: str) -> lis
             proc = start_logged(
                 [str(BIN / "loragate"), "engine", "--model", str(model_dir), "--port", str(port),
                  "--served-model-name", "tiny", "--num-kv-blocks", "512", "--max-num-seqs", "16",
-                 "--threads", str(threads), *args],
+                 "--threads", str(threads), *session_tuning_file(), *args],
                 log_path,
             )  # fmt: skip
             engines.append(EngineProcess(f"http://127.0.0.1:{port}", proc, log_path))

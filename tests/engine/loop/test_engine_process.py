@@ -22,7 +22,7 @@ from engine.config import EngineConfig
 from engine.loop.async_engine import AsyncEngine
 from engine.loop.llm_engine import LLMEngine
 from engine.loop.on_main import STARTUP_FAILURE
-from tests.gateway.engine_processes import start_engines
+from tests.gateway.engine_processes import session_tuning_file, start_engines
 
 BIN = Path(sys.executable).parent
 GENERATE = "/inference/v1/generate"
@@ -31,7 +31,8 @@ GENERATE = "/inference/v1/generate"
 def _start(model_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [str(BIN / "loragate"), "engine", "--model", str(model_dir), "--port", str(port)],
+            [str(BIN / "loragate"), "engine", "--model", str(model_dir), "--port", str(port),
+             *session_tuning_file()],
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
