@@ -50,7 +50,6 @@ class StartupChoices:
         probe: Callable[[], float | None] = others_busy_cores,
     ):
         self.key, self.path = key, path
-        self.has_file = key is not None and path is not None
         self._saved: dict[str, TimedChoice] = {}
         if key is not None and path is not None and not retune:
             self._saved = read_choices(path, key)
@@ -98,7 +97,11 @@ class StartupChoices:
         value, figures = time_it()
         timed = TimedChoice.now(value, f"{figures}; {load}" if load else figures, under_load=busy)
         saved_to = None
-        if self.key and self.path and save_choices(self.path, self.key, {name: timed}):
+        if (
+            self.key is not None
+            and self.path is not None
+            and save_choices(self.path, self.key, {name: timed})
+        ):
             saved_to = str(self.path)
         return self._made(
             StartupChoice(name, value, "timed", timed.figures, saved_to, timed.timed_at)
@@ -118,7 +121,7 @@ class StartupChoices:
         """How busy other processes kept this process's cores when this start first timed
         (measured then, once; only where the timings are saved), as a note for the figures, and
         whether that was enough to skew them (then a warning says so)."""
-        if not self.has_file:
+        if self.key is None or self.path is None:
             return "", False
         if self._load is None:
             others, cores = self._probe(), available_cores()
