@@ -20,14 +20,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from server_process import free_port
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_port(port: int, timeout: float = 20.0) -> None:

@@ -14,17 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from server_process import free_port
 
 BIN = Path(sys.executable).parent
 STARTUP_TIMEOUT_S = 120.0
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def gateway_env(model_dir: Path, workdir: Path, **extra: str) -> dict[str, str]:
