@@ -1,7 +1,11 @@
 """One loragate cell of bench/lora_throughput.py: an engine built for the cell's settings, its
 adapters registered, a warm-up, then the workload timed (wall and this process's CPU), with the
 cell's adapter-cache counters as deltas. lora_throughput.py runs each in a process of its own
-(fresh_process.py)."""
+(fresh_process.py).
+
+A `defaults` cell is what a user gets: the engine's own EngineConfig defaults (KV cache, slots
+and CPU tier sized from memory, every core) but the model, dtype and rank, and a warm-up on the
+base model only, so each adapter's first use (disk read, slot fill) falls inside the timed run."""
 
 from __future__ import annotations
 
@@ -39,9 +43,17 @@ def run_loragate(
     lora_pool_memory_gb: float = 1.0,
     enable_lora: bool = True,
     max_num_seqs: int = MAX_NUM_SEQS,
+    defaults: bool = False,
 ) -> Cell:
-    engine = LLMEngine(
-        EngineConfig(
+    if defaults:
+        config = EngineConfig(
+            model=str(model_dir),
+            dtype=args.dtype,
+            enable_lora=enable_lora,
+            max_lora_rank=args.rank,
+        )
+    else:
+        config = EngineConfig(
             model=str(model_dir),
             dtype=args.dtype,
             num_kv_blocks=engine_run.kv_blocks_for(requests, block_size=16),
@@ -54,7 +66,7 @@ def run_loragate(
             max_lora_rank=args.rank,
             threads=args.threads,
         )
-    )
+    engine = LLMEngine(config)
     # The slots the pool holds (sized by memory unless max_loras caps it).
     num_slots = engine.lora.cache.max_loras if engine.lora is not None else max_loras or 1
     if engine.lora is not None:
@@ -63,7 +75,8 @@ def run_loragate(
         for adapter, path in adapters.items():
             engine.lora.add(adapter, str(path), read[path])
     warm = [BenchRequest(r.index, r.prompt_token_ids[:16], 4) for r in requests[:4]]
-    _run(engine, warm, assignment[:4], "warmup", [])
+    # Defaults: the warm-up touches no adapter, so every first use is timed.
+    _run(engine, warm, [None] * len(warm) if defaults else assignment[:4], "warmup", [])
     before = engine.stats().lora
     running: list[int] = []
     tokens, wall, cpu = timed(lambda: _run(engine, requests, assignment, "run", running))
@@ -75,9 +88,11 @@ def run_loragate(
             [r.num_output_tokens for r in requests],
             assignment if enable_lora else [None] * len(requests),
             max_loras=num_slots,
-            max_num_seqs=max_num_seqs,
+            max_num_seqs=config.max_num_seqs,
         ),
         "threads": engine.num_threads,
+        "max_num_seqs": config.max_num_seqs,
+        "defaults": defaults,
     }
     if before is not None and (after := engine.stats().lora) is not None:
         # Counters as this cell's deltas; the adapter-name tuples (for the GIE metric) are not.
