@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cells", default=",".join(CELLS), help=f"some of {CELLS}")
     parser.add_argument("--adapter-dir", type=Path, default=Path(".cache/lora_bench/small"))
     args = parser.parse_args(argv)
+    args.quick = False  # recorded by write_record: the full workloads only
     cells = [c for c in args.cells.split(",") if c]
     if unknown := set(cells) - set(CELLS):
         raise SystemExit(f"--cells: unknown {sorted(unknown)}; choose from {CELLS}")

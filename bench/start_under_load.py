@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--rounds", type=int, default=None, help="starts per condition")
     args = parser.parse_args(argv)
+    args.threads = available_cores()  # the engine's default, recorded with the run
     plan = QUICK if args.quick else FULL
     rounds = args.rounds or (2 if args.quick else 5)
     model_dir = ensure_model(args.model or Path(f".cache/models/{plan.model_size}"),
