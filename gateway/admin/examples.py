@@ -44,7 +44,7 @@ USAGE = [
      "prompt_tokens": 9000, "completion_tokens": 4000, "cached_tokens": 0},
 ]  # fmt: skip
 AUDIT = [{
-    "id": "0b1c2d3e-4f5a-4b6c-8d7e-9f0a1b2c3d4e", "actor": f"key:{KEY_ID}",
+    "id": "0b1c2d3e-4f5a-4b6c-8d7e-9f0a1b2c3d4e", "actor": f"key:{KEY_ID}", "actor_name": "ops",
     "actor_tenant_id": TENANT_ID, "tenant_id": TENANT_ID, "action": "key.create",
     "object_type": "api_key", "object_id": KEY_ID, "before": None,
     "after": {"name": "ci-runner", "scopes": ["inference"]}, "request_id": "req_0123abcd",

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gateway.dashboard.charts import UsageChart, usage_chart
 from gateway.engines.status import ReplicaStatus, engine_status
 from gateway.state import GatewayState
+from tenancy.auditing.actors import actor_names
 from tenancy.auditing.read import list_events
 from tenancy.auth.principal import Principal
 from tenancy.crud.adapters import list_adapters
@@ -57,11 +58,17 @@ class KeyRow:
 
 
 @dataclass(frozen=True)
+class AuditRow:
+    event: AuditEvent
+    actor_name: str  # the key's name for `key:<id>`; the raw actor stays on `event`
+
+
+@dataclass(frozen=True)
 class TenantPage:
     summary: TenantSummary
     keys: list[KeyRow]
     adapters: list[Adapter]  # own and public
-    audit: list[AuditEvent]
+    audit: list[AuditRow]
     hourly: UsageChart
     daily: UsageChart
 
@@ -130,9 +137,11 @@ async def tenant_page(
             for k in await list_keys(session, principal=principal, tenant_id=tenant_id)
         ]  # fmt: skip
         adapters = await list_adapters(session, principal=principal, tenant_id=tenant_id)
-        audit = await list_events(
+        events = await list_events(
             session, principal=principal, tenant_id=tenant_id, limit=NUM_AUDIT_EVENTS
         )
+        names = await actor_names(session, (e.actor for e in events))
+        audit = [AuditRow(event=e, actor_name=names[e.actor]) for e in events]
         hour0 = _floor(now, HOUR) - (NUM_HOURS - 1) * HOUR
         day0 = _floor(now, DAY) - (NUM_DAYS - 1) * DAY
         hourly = await usage_series(session, tenant_id=tenant_id, since=hour0, bucket="hour")
