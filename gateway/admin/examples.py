@@ -17,7 +17,7 @@ WHEN = "2025-01-15T09:30:00Z"
 
 TENANT = {
     "id": TENANT_ID, "name": "acme", "tier": "standard", "status": "active", "salt_epoch": 0,
-    "created_at": WHEN, "updated_at": WHEN,
+    "created_at": WHEN, "updated_at": WHEN, "metrics_label": "t_5e1f0c9b7a2d",
 }  # fmt: skip
 KEY = {
     "id": KEY_ID, "tenant_id": TENANT_ID, "name": "ci-runner", "prefix": "lg", "last_four": "Zq7k",

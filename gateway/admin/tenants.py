@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, status
+from pydantic import computed_field
 
 from gateway.admin.deps import (
     AdapterRemovalDep,
@@ -11,13 +12,24 @@ from gateway.admin.deps import (
     RuntimeDep,
     SessionDep,
 )
+from gateway.telemetry.metrics import tenant_series_label
 from tenancy.crud import tenants as crud
 from tenancy.schemas import TenantCreate, TenantOut, TenantUpdate
 
 router = APIRouter(prefix="/tenants", tags=["tenants"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=TenantOut)
+class TenantView(TenantOut):
+    """A tenant as the admin API answers, with the label its series carry on /metrics (tenancy
+    may not import the engine's digest, so the gateway adds it here)."""
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def metrics_label(self) -> str:
+        return tenant_series_label(self.id)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=TenantView)
 async def create_tenant(
     body: TenantCreate, session: SessionDep, ctx: AuditDep, runtime: RuntimeDep
 ) -> object:
@@ -27,17 +39,17 @@ async def create_tenant(
     )  # fmt: skip
 
 
-@router.get("", response_model=list[TenantOut])
+@router.get("", response_model=list[TenantView])
 async def list_tenants(session: SessionDep, principal: PrincipalDep) -> object:
     return await crud.list_tenants(session, principal=principal)
 
 
-@router.get("/{tenant_id}", response_model=TenantOut)
+@router.get("/{tenant_id}", response_model=TenantView)
 async def get_tenant(tenant_id: str, session: SessionDep, principal: PrincipalDep) -> object:
     return await crud.load_tenant(session, principal=principal, tenant_id=tenant_id)
 
 
-@router.patch("/{tenant_id}", response_model=TenantOut)
+@router.patch("/{tenant_id}", response_model=TenantView)
 async def update_tenant(
     tenant_id: str, body: TenantUpdate, session: SessionDep, ctx: AuditDep, runtime: RuntimeDep
 ) -> object:
@@ -63,7 +75,7 @@ async def delete_tenant(
     removal.removed(adapters)  # its adapters' files went with it
 
 
-@router.post("/{tenant_id}/salt/rotate", response_model=TenantOut)
+@router.post("/{tenant_id}/salt/rotate", response_model=TenantView)
 async def rotate_salt(
     tenant_id: str, session: SessionDep, ctx: AuditDep, runtime: RuntimeDep
 ) -> object:

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gateway.dashboard.charts import UsageChart, usage_chart
 from gateway.engines.status import ReplicaStatus, engine_status
 from gateway.state import GatewayState
+from gateway.telemetry.metrics import tenant_series_label
 from tenancy.auditing.actors import actor_names
 from tenancy.auditing.read import list_events
 from tenancy.auth.principal import Principal
@@ -66,6 +67,7 @@ class AuditRow:
 @dataclass(frozen=True)
 class TenantPage:
     summary: TenantSummary
+    metrics_label: str  # its `tenant` label on /metrics, to find its Grafana series
     keys: list[KeyRow]
     adapters: list[Adapter]  # own and public
     audit: list[AuditRow]
@@ -148,6 +150,7 @@ async def tenant_page(
         daily = await usage_series(session, tenant_id=tenant_id, since=day0, bucket="day")
     return TenantPage(
         summary=summary,
+        metrics_label=tenant_series_label(tenant_id),
         keys=keys,
         adapters=adapters,
         audit=audit,

@@ -34,6 +34,13 @@ REJECTION_REASONS = frozenset({
 })  # fmt: skip
 
 
+def tenant_series_label(tenant_id: str) -> str:
+    """The `tenant` label a tenant's series carry on /metrics (the admin API and the dashboard
+    show it, so Grafana panels can be mapped to names). Past `max_tenants` distinct tenants in one
+    gateway process, a later tenant's series are counted under `other` instead."""
+    return hashed_tenant(tenant_id)
+
+
 class BoundedLabel:
     """Passes the first `limit` distinct values through; later new ones become `other`."""
 
@@ -93,7 +100,7 @@ class GatewayMetrics:
         r.register(self.usage_ledger)
 
     def labels(self, tenant: str | None, model: str | None) -> tuple[str, str]:
-        tenant_label = self.tenant_label(hashed_tenant(tenant)) if tenant else NO_TENANT
+        tenant_label = self.tenant_label(tenant_series_label(tenant)) if tenant else NO_TENANT
         models = self._model_labels.get(tenant_label)
         if models is None:
             models = self._model_labels[tenant_label] = BoundedLabel(self._max_models)
