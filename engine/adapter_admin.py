@@ -93,6 +93,8 @@ async def list_models(engine: AsyncEngine, *, created: int) -> list[dict[str, An
         "root": engine.config.model,
         "parent": None,
         "max_model_len": engine.max_model_len,
+        # Where the adapter slots (tier "gpu", vLLM's word) are: "cpu" for a CPU engine.
+        "device": engine.config.device,
     }
     return [base] + [
         {

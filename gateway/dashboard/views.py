@@ -82,6 +82,17 @@ class EngineRow:
     adapters: dict[str, list[str]]
     num_hidden: dict[str, int]
 
+    @property
+    def tier_labels(self) -> dict[str, str]:
+        """The tiers' names on the wire are fixed ("gpu" is vLLM's word for an adapter slot); on
+        the page a slot is named by the device it is on, so a CPU engine's do not read "gpu"."""
+        device = self.status.device
+        return {
+            "gpu": f"{device} slot" if device else "device slot",
+            "cpu": "memory",
+            "disk": "disk",
+        }
+
 
 async def _summary(
     session: AsyncSession, runtime: TenancyRuntime, principal: Principal, tenant: Tenant,

@@ -29,7 +29,7 @@ from gateway.engines.api import EngineStreamError
 from gateway.engines.http_stream import HttpStream, ReadEvent, next_event
 from gateway.engines.http_wire import Pool, Response, WireError
 from gateway.engines.objectives import objective_header, objectives
-from gateway.engines.replicas import SPILL_AFTER, Replica, adapter_tiers, route
+from gateway.engines.replicas import SPILL_AFTER, Replica, adapter_tiers, engine_device, route
 from gateway.errors import EngineFailed, EngineOverloaded, ModelNotFound
 from gateway.policy import AdapterRef
 from gateway.settings import GatewaySettings
@@ -184,6 +184,7 @@ class HttpEngineClient:
                 if models.status_code == 200:
                     read = vllm_dialect.adapter_residency if self._vllm else adapter_tiers
                     replica.adapters = read(models.json())
+                    replica.device = engine_device(models.json())
         except (httpx.HTTPError, ValueError):
             replica.healthy = False
 

@@ -30,6 +30,7 @@ class Replica:
     outstanding: int = 0
     # adapter engine name -> tier, from the replica's /v1/models
     adapters: dict[str, str] = field(default_factory=dict)
+    device: str | None = None  # its adapter slots' device, from /v1/models (vLLM's: not said)
 
     @property
     def name(self) -> str:
@@ -61,6 +62,15 @@ def route(
         ranked.remove(least)
         ranked.insert(0, least)
     return ranked
+
+
+def engine_device(models: object) -> str | None:
+    """The device a loragate engine's `/v1/models` names on its base model entry, if any."""
+    data = models.get("data") if isinstance(models, dict) else None
+    for entry in data if isinstance(data, list) else []:
+        if isinstance(entry, dict) and "tier" not in entry and isinstance(entry.get("device"), str):
+            return str(entry["device"])
+    return None
 
 
 def adapter_tiers(models: object) -> dict[str, str]:

@@ -22,7 +22,7 @@ from engine import adapter_admin
 from gateway.engines.api import EngineClient
 from gateway.engines.http import HttpEngineClient
 from gateway.engines.inprocess import INPROCESS, InProcessEngineClient
-from gateway.engines.replicas import Replica
+from gateway.engines.replicas import Replica, engine_device
 
 METRICS_TIMEOUT_S = 2.0
 GAUGES = {
@@ -41,6 +41,7 @@ class ReplicaStatus:
     kv_usage: float | None = None  # in [0, 1]
     num_outstanding: int | None = None  # this gateway's requests on it (HTTP mode)
     adapters_by_tier: dict[str, list[str]] = field(default_factory=dict)  # tier -> engine names
+    device: str | None = None  # where its adapter slots (tier "gpu") are; None: not reported
 
 
 def _by_tier(tiers: dict[str, str]) -> dict[str, list[str]]:
@@ -62,6 +63,7 @@ async def _inprocess(client: InProcessEngineClient) -> list[ReplicaStatus]:
             num_waiting=stats.num_waiting,
             kv_usage=stats.kv_usage,
             adapters_by_tier=_by_tier(tiers),
+            device=engine_device({"data": models}),
         )
     ]
 
@@ -72,6 +74,7 @@ async def _replica(http: httpx.AsyncClient, replica: Replica) -> ReplicaStatus:
         healthy=replica.healthy,
         num_outstanding=replica.outstanding,
         adapters_by_tier=_by_tier(replica.adapters),
+        device=replica.device,
     )
     if not replica.healthy:
         return status
