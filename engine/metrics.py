@@ -1,7 +1,8 @@
 """Prometheus metrics of one engine server, on a registry of its own (never the global one).
 
 Gauges and counters that the engine keeps are read from its stats snapshot at scrape time;
-latency histograms are observed by the server when a request finishes.
+latency histograms are observed where a request's outputs are read (`RequestMetrics`: the
+engine server, or the gateway's in-process client in the embedded mode).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from engine.outputs import EngineStats, FinishReason, LoRAStats, RequestOutput
+from engine.protocol import is_error_output
 from engine.protocol.labels import tenant_label
 from engine.step.choices.choice import StartupChoice
 
@@ -193,75 +195,73 @@ class EngineStatsCollector(Collector):
         )
 
 
-class EngineMetrics:
-    """All metrics of one engine server; `registry` is what /metrics exposes."""
+def finish_reason(output: RequestOutput) -> FinishReason:
+    """A finished request's reason: an error output's is ERROR; with n > 1 the request ends with
+    its last choice, and an abort anywhere marks it aborted."""
+    if is_error_output(output):
+        return FinishReason.ERROR
+    reasons = [c.finish_reason for c in output.choices if c.finish_reason is not None]
+    if FinishReason.ABORT in reasons:
+        return FinishReason.ABORT
+    return reasons[-1] if reasons else FinishReason.STOP
 
-    def __init__(
-        self,
-        *,
-        model_name: str,
-        stats: Callable[[], EngineStats],
-        choices: Sequence[StartupChoice] = (),
-    ) -> None:
-        self.registry = CollectorRegistry()
+
+class RequestMetrics:
+    """The per-request histograms and the finished-request counter, observed where a request's
+    outputs are read: the engine server, or the gateway's in-process client (which registers
+    them on the gateway's /metrics, so the embedded mode exports what a separate engine does)."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
         self._model_name = model_name
-        self.registry.register(EngineStatsCollector(stats, model_name))
         labels = ["model_name"]
-        # Which native paths this start took decides the engine's speed: one series per choice
-        # (engine/step/choices/startup.py), so a slow engine on a shared node shows why.
-        startup = Gauge(
-            "loragate_engine_startup_choice",
-            "The path each start-up choice took (value) and where it came from (source: saved "
-            "in the tuning file, timed at this start, pinned by an option, fixed by the "
-            "machine); 1 per choice.",
-            ["model_name", "choice", "value", "source"],
-            registry=self.registry,
-        )
-        for choice in choices:
-            startup.labels(model_name, choice.name, choice.value, choice.source).set(1)
         self._ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Time to first token.",
             labels,
             buckets=TTFT_BUCKETS,
-            registry=self.registry,
+            registry=registry,
         )
         self._tpot = Histogram(
             "vllm:time_per_output_token_seconds",
             "Mean time per output token after the first, per request.",
             labels,
             buckets=TPOT_BUCKETS,
-            registry=self.registry,
+            registry=registry,
         )
         self._e2e = Histogram(
             "vllm:e2e_request_latency_seconds",
             "End-to-end request latency.",
             labels,
             buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            registry=registry,
         )
         self._queue = Histogram(
             "vllm:request_queue_time_seconds",
             "Time from arrival to first scheduling.",
             labels,
             buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            registry=registry,
         )
         self._queue_by_band = Histogram(
             "loragate_engine_queue_wait_seconds",
             "Time from arrival to first scheduling, by priority band.",
             ["model_name", "priority_band"],
             buckets=QUEUE_BUCKETS,
-            registry=self.registry,
+            registry=registry,
         )
         self._success = Counter(
             "vllm:request_success",
             "Finished requests by finish reason.",
             ["model_name", "finished_reason"],
-            registry=self.registry,
+            registry=registry,
         )
         for reason in FinishReason:
             self._success.labels(model_name, reason.value)  # every series exists from the start
+
+    def observe_output(self, output: RequestOutput, *, num_choices: int = 1) -> None:
+        """Record a request from its final output; an output that is not final is skipped."""
+        if output.finished:
+            self.observe_finished(output, reason=finish_reason(output), num_choices=num_choices)
 
     def observe_finished(
         self, output: RequestOutput, *, reason: FinishReason, num_choices: int = 1
@@ -288,3 +288,30 @@ class EngineMetrics:
     def observe_abandoned(self) -> None:
         """A request whose client went away before it finished (the engine aborted it)."""
         self._success.labels(self._model_name, FinishReason.ABORT.value).inc()
+
+
+class EngineMetrics:
+    """All metrics of one engine server; `registry` is what /metrics exposes."""
+
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        stats: Callable[[], EngineStats],
+        choices: Sequence[StartupChoice] = (),
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineStatsCollector(stats, model_name))
+        # Which native paths this start took decides the engine's speed: one series per choice
+        # (engine/step/choices/startup.py), so a slow engine on a shared node shows why.
+        startup = Gauge(
+            "loragate_engine_startup_choice",
+            "The path each start-up choice took (value) and where it came from (source: saved "
+            "in the tuning file, timed at this start, pinned by an option, fixed by the "
+            "machine); 1 per choice.",
+            ["model_name", "choice", "value", "source"],
+            registry=self.registry,
+        )
+        for choice in choices:
+            startup.labels(model_name, choice.name, choice.value, choice.source).set(1)
+        self.requests = RequestMetrics(self.registry, model_name)

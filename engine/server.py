@@ -26,7 +26,7 @@ from engine.config import EngineConfig
 from engine.errors import EngineError
 from engine.loop.async_engine import AsyncEngine, RequestStream
 from engine.metrics import EngineMetrics
-from engine.outputs import FinishReason, RequestOutput
+from engine.outputs import RequestOutput
 from engine.protocol import (
     SSE_DONE,
     BodyTooLarge,
@@ -185,24 +185,11 @@ class _RequestRun:
         self._metrics = metrics
 
     def finish(self, output: RequestOutput) -> None:
-        if not output.finished:
-            return
-        reason = FinishReason.ERROR if is_error_output(output) else self._final_reason(output)
-        self._metrics.observe_finished(
-            output, reason=reason, num_choices=self.wire.sampling_params.n
-        )
-
-    @staticmethod
-    def _final_reason(output: RequestOutput) -> FinishReason:
-        reasons = [c.finish_reason for c in output.choices if c.finish_reason is not None]
-        # With n > 1 the request ends with its last choice; an abort anywhere marks it aborted.
-        if FinishReason.ABORT in reasons:
-            return FinishReason.ABORT
-        return reasons[-1] if reasons else FinishReason.STOP
+        self._metrics.requests.observe_output(output, num_choices=self.wire.sampling_params.n)
 
     def close(self) -> None:
         if not self.stream.finished and not self.stream.closed:
-            self._metrics.observe_abandoned()
+            self._metrics.requests.observe_abandoned()
         self.stream.close()
 
     async def events(self) -> AsyncIterator[bytes]:

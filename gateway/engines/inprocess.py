@@ -25,7 +25,7 @@ from engine.errors import (
 from engine.loop.async_engine import AsyncEngine
 from engine.loop.on_main import Server, SignalHandler, serve_beside_loop
 from engine.loop.request_stream import RequestStream
-from engine.metrics import EngineStatsCollector
+from engine.metrics import EngineStatsCollector, RequestMetrics
 from engine.outputs import EngineStats
 from engine.protocol import (
     EngineLimits,
@@ -61,10 +61,18 @@ def gateway_error(exc: EngineError) -> ClientError:
 class LocalStream:
     """One request's outputs as wire events; closing it early aborts the request."""
 
-    def __init__(self, engine: AsyncEngine, wire: GenerateRequest, stream: RequestStream) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        wire: GenerateRequest,
+        stream: RequestStream,
+        metrics: RequestMetrics | None = None,
+    ) -> None:
         self._engine = engine
+        self._wire = wire
         self._builder = ResponseBuilder(wire)
         self._stream = stream
+        self._metrics = metrics
         self._aborted = False
 
     def __aiter__(self) -> AsyncIterator[GenerateResponse]:
@@ -73,6 +81,8 @@ class LocalStream:
     async def _events(self) -> AsyncIterator[GenerateResponse]:
         builder = self._builder
         async for output in self._stream:
+            if self._metrics is not None:
+                self._metrics.observe_output(output, num_choices=self._wire.sampling_params.n)
             chunk = builder.chunk(output)
             if is_error_output(output):
                 if chunk is not None and any(choice.token_ids for choice in chunk.choices):
@@ -90,6 +100,8 @@ class LocalStream:
         self._engine.abort_nowait(self._stream.request_id)
 
     async def aclose(self) -> None:
+        if self._metrics is not None and not self._stream.finished and not self._stream.closed:
+            self._metrics.observe_abandoned()  # as the engine server counts a client gone
         self._stream.close()
 
 
@@ -101,6 +113,7 @@ class InProcessEngineClient:
         self.vocab_size = engine.vocab_size
         self._drain_timeout_s = drain_timeout_s
         self._loaded: dict[str, asyncio.Future[Any]] = {}
+        self._metrics: RequestMetrics | None = None  # once registered on the gateway's /metrics
         self._unloads: set[asyncio.Task[bool]] = set()
         self._limits = EngineLimits(
             vocab_size=engine.vocab_size,
@@ -134,7 +147,7 @@ class InProcessEngineClient:
             self._loaded.pop(adapter.engine_name, None)  # unloaded meanwhile: load it again
             await self._ensure_loaded(adapter)
             stream = await self._add(request)
-        return LocalStream(self.engine, request, stream)
+        return LocalStream(self.engine, request, stream, self._metrics)
 
     async def _add(self, request: GenerateRequest) -> RequestStream:
         try:
@@ -180,8 +193,11 @@ class InProcessEngineClient:
         return self.engine.stats()
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
-        """The engine's own gauges and counters (vLLM names) on the gateway's /metrics."""
+        """The engine's own metrics (vLLM names) on the gateway's /metrics: its gauges and
+        counters read at scrape time, and the request histograms, observed here as each
+        request's outputs are read (what the engine server does for an engine of its own)."""
         registry.register(EngineStatsCollector(self.engine.stats, self.model_name))
+        self._metrics = RequestMetrics(registry, self.model_name)
 
     async def close(self) -> None:
         for task in self._unloads:
