@@ -1,6 +1,7 @@
 """Who is looking at the dashboard: the `Viewer` dependency of every page.
 
-A page needs a session whose signature holds and which has not expired; a session made with an
+A page needs a session whose signature holds, which has not expired and was not logged out of
+(on any replica: the logout is in the database); a session made with an
 API key also needs that key to hold still (not revoked, expired or rotated past its grace, its
 tenant active), checked on every page, so revoking the key ends the session everywhere. Without
 one, the viewer is sent to the login page (`LoginRequired`, answered by a redirect).
@@ -18,6 +19,7 @@ from gateway.dashboard.state import DashboardDep
 from gateway.deps import StateDep
 from tenancy.auth.principal import Principal
 from tenancy.auth.scopes import Scope
+from tenancy.dashboard_logouts import is_ended
 from tenancy.dashboard_reads import key_principal
 
 DASHBOARD_SCOPES = frozenset({Scope.ADMIN, Scope.TENANT_ADMIN})
@@ -48,12 +50,14 @@ async def get_viewer(request: Request, dashboard: DashboardDep, state: StateDep)
     if session is None:
         raise LoginRequired("expired" if dashboard.codec.has_cookie(request) else "")
     principal = session.principal()
-    if session.key_id is not None:
-        async with state.tenancy.sessionmaker() as db:
+    async with state.tenancy.sessionmaker() as db:
+        if await is_ended(db, session_id=session.session_id):
+            raise LoginRequired("")  # logged out: the login page, as after a logout here
+        if session.key_id is not None:
             held = await key_principal(db, key_id=session.key_id, now=state.tenancy.now())
-        if held is None:
-            raise LoginRequired("ended")
-        principal = held
+            if held is None:
+                raise LoginRequired("ended")
+            principal = held
     if not may_open_dashboard(principal):
         raise LoginRequired("ended")
     return Viewer(principal=principal, session=session)

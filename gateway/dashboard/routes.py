@@ -8,6 +8,7 @@ tenant's data never sits in a shared cache.
 
 from __future__ import annotations
 
+import datetime as dt
 import secrets
 from types import MappingProxyType
 from typing import Annotated, Any
@@ -22,6 +23,7 @@ from gateway.dashboard.sso import SsoRefused
 from gateway.dashboard.state import STATIC_DIR, Dashboard, DashboardDep
 from gateway.deps import StateDep
 from tenancy.auth.principal import Principal
+from tenancy.dashboard_logouts import end_session
 from tenancy.errors import InvalidApiKey, NotFound, TenantSuspended
 from tenancy.quota.state import QuotaStateOut, quota_state
 
@@ -112,11 +114,18 @@ async def login(
 async def logout(
     request: Request,
     dashboard: DashboardDep,
+    state: StateDep,
     viewer: ViewerDep,
     csrf_token: Annotated[str | None, Form(max_length=256)] = None,
 ) -> Response:
     if not csrf_ok(viewer.session.csrf, csrf_token):
         return page(dashboard, request, "error.html", 403, viewer=viewer, message=BAD_FORM)
+    expires_at = dt.datetime.fromtimestamp(viewer.session.expires_at, dt.UTC)
+    async with state.tenancy.sessionmaker() as db:
+        await end_session(
+            db, session_id=viewer.session.session_id, expires_at=expires_at,
+            now=state.tenancy.now(),
+        )  # fmt: skip
     response = see_other("/dashboard/login")
     dashboard.codec.clear(response)
     return response

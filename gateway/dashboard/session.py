@@ -4,7 +4,9 @@ The cookie (`lg_session`) holds who logged in, never a secret: for a key login t
 (each page re-checks that the key still holds, so revoking it ends the session), for SSO the
 principal the ID token's roles mapped to. It is signed with itsdangerous (HMAC-SHA256 under the
 session secret) and carries its own expiry; it is HttpOnly, SameSite=Strict, and Secure when the
-page is served over TLS. Each session has a random CSRF token, which every form that changes
+page is served over TLS. Logout ends it on the server too: its random id is recorded in the
+database, which every replica checks (`tenancy/dashboard_logouts.py`), so a copy of the cookie
+is refused after logout. Each session has a random CSRF token, which every form that changes
 state must send back (`csrf_token`); the login form, before any session, uses a short-lived
 signed cookie of its own (`lg_login`), the double-submit pattern.
 
@@ -45,6 +47,9 @@ class DashboardSession:
     key_id: str | None  # set for key logins: re-checked on every page
     csrf: str
     expires_at: float  # unix seconds
+    # Random, not secret (the signature, not the id, makes a cookie valid): what logout records
+    # so that every replica refuses a copy of the cookie afterwards (tenancy/dashboard_logouts.py).
+    session_id: str
 
     def principal(self) -> Principal:
         return Principal(
@@ -79,6 +84,7 @@ class SessionCodec:
             key_id=principal.key_id,
             csrf=secrets.token_urlsafe(32),
             expires_at=self._clock() + self._ttl_s,
+            session_id=secrets.token_urlsafe(24),
         )
 
     def read(self, request: Request) -> DashboardSession | None:
@@ -95,6 +101,7 @@ class SessionCodec:
                 key_id=data["key_id"],
                 csrf=str(data["csrf"]),
                 expires_at=float(data["expires_at"]),
+                session_id=str(data["session_id"]),  # a cookie from before ids: log in again
             )
         except (BadSignature, KeyError, TypeError, ValueError):
             return None

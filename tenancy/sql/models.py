@@ -178,3 +178,15 @@ class AuditEvent(Base):
     request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     client_addr: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class DashboardLogout(Base):
+    """A dashboard session its user logged out of before it expired. Sessions are signed cookies
+    that every replica accepts on their own; this row is what makes every replica refuse a copy
+    of the cookie after logout. A row is useless past `expires_at` (the cookie's own expiry
+    refuses it then), so rows older than that are pruned at the next logout."""
+
+    __tablename__ = "dashboard_logouts"
+
+    session_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), index=True)

@@ -12,7 +12,10 @@ from tenancy.sql.migrate import downgrade, upgrade
 from tenancy.sql.models import Base
 from tenancy.sql.session import make_engine
 
-TABLES = {"tenants", "api_keys", "quota_policies", "adapters", "usage_records", "audit_events"}
+TABLES = {
+    "tenants", "api_keys", "quota_policies", "adapters", "usage_records", "audit_events",
+    "dashboard_logouts",
+}  # fmt: skip
 
 
 def _tables(conn: Connection) -> set[str]:
