@@ -32,7 +32,7 @@ USAGE = [("day", "day"), ("model", "model"), ("num_requests", "requests"),
          ("prompt_tokens", "prompt"), ("completion_tokens", "completion"),
          ("cached_tokens", "cached")]  # fmt: skip
 AUDIT = [("created_at", "when"), ("action", "action"), ("tenant_id", "tenant"),
-         ("object_type", "object"), ("object_id", "object id"), ("actor", "actor")]  # fmt: skip
+         ("object_type", "object"), ("object_id", "object id"), ("actor_name", "actor")]  # fmt: skip
 
 
 def _show(args: argparse.Namespace, data: Any, columns: list[tuple[str, str]]) -> None:
@@ -159,7 +159,7 @@ def adapters_get(c: AdminClient, a: argparse.Namespace) -> None:
 
 def adapters_upload(c: AdminClient, a: argparse.Namespace) -> None:
     if (a.tenant is None) == (not a.public):
-        raise UsageError("name the owner: --tenant ID, or --public (admins only)")
+        raise UsageError("name the owner: TENANT, or --public (admins only)")
     if a.source.is_file() and not a.source.name.endswith(ARCHIVES):
         raise UsageError(f"{a.source}: a PEFT directory, or one of {', '.join(ARCHIVES)}")
     path = "/adapters" if a.public else f"/tenants/{a.tenant}/adapters"
@@ -193,6 +193,15 @@ class UsageError(Exception):
     pass
 
 
+def tenant_of(args: argparse.Namespace) -> str | None:
+    """TENANT, positional or by its earlier spelling `--tenant` (parser._tenant); given both
+    ways with different values, a usage error rather than a silent pick."""
+    flag = getattr(args, "tenant_flag", None)
+    if flag is not None and args.tenant is not None and flag != args.tenant:
+        raise UsageError(f"TENANT given twice ({args.tenant!r} and --tenant {flag!r})")
+    return args.tenant if args.tenant is not None else flag
+
+
 def login(a: argparse.Namespace) -> int:
     if sys.stdin.isatty():
         key = getpass.getpass("Admin API key: ")
@@ -220,6 +229,8 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         print(f"loragate admin: {exc}", file=sys.stderr)
         return 2
     try:
+        if hasattr(args, "tenant"):
+            args.tenant = tenant_of(args)
         with AdminClient(target.url, target.key) as client:
             handler(client, args)
     except UsageError as exc:

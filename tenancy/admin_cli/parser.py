@@ -10,6 +10,7 @@ from typing import Any
 from tenancy.admin_cli import commands as c
 
 SCOPES = ("inference", "tenant-admin", "admin")
+TENANT_HELP = "the tenant"
 
 
 def _limit(text: str) -> int | None:
@@ -44,32 +45,44 @@ def _command(group: Any, name: str, handler: c.Handler, help: str, common: Any) 
     return parser
 
 
+def _tenant(parser: Any, *, optional: bool = False) -> None:
+    """The one convention: TENANT is the first positional argument of every command that takes
+    one. Where it is optional (an upload with --public, the audit filter), `--tenant` is kept as
+    an earlier spelling; commands.tenant_of reconciles the two."""
+    if optional:
+        parser.add_argument("tenant", nargs="?", default=None, metavar="TENANT", help=TENANT_HELP)
+        parser.add_argument("--tenant", dest="tenant_flag", default=None, metavar="TENANT",
+                            help="same as the positional TENANT (earlier spelling)")  # fmt: skip
+    else:
+        parser.add_argument("tenant", metavar="TENANT", help=TENANT_HELP)
+
+
 def add_rest_commands(admin: Any) -> None:
     common = _common()
 
     tenants = admin.add_parser("tenants", help="tenants").add_subparsers(dest="verb", required=True)
     _command(tenants, "list", c.tenants_list, "list the tenants you may see", common)
     p = _command(tenants, "get", c.tenants_get, "one tenant", common)
-    p.add_argument("tenant", help="tenant id")
+    _tenant(p)
     p = _command(tenants, "create", c.tenants_create, "create a tenant (admin)", common)
     p.add_argument("name")
     p.add_argument("--tier", default=None, help="a tier name (default: the server's default)")
     p = _command(tenants, "update", c.tenants_update, "rename, re-tier or suspend (admin)", common)
-    p.add_argument("tenant")
+    _tenant(p)
     p.add_argument("--name")
     p.add_argument("--tier")
     p.add_argument("--status", choices=("active", "suspended"))
     p = _command(tenants, "delete", c.tenants_delete, "delete a tenant (admin)", common)
-    p.add_argument("tenant")
+    _tenant(p)
     p.add_argument("--yes", action="store_true", help="confirm")
     p = _command(tenants, "rotate-salt", c.tenants_rotate_salt, "new cache-salt epoch", common)
-    p.add_argument("tenant")
+    _tenant(p)
 
     keys = admin.add_parser("keys", help="API keys").add_subparsers(dest="verb", required=True)
     p = _command(keys, "list", c.keys_list, "a tenant's keys (prefix and last four)", common)
-    p.add_argument("tenant")
+    _tenant(p)
     p = _command(keys, "create", c.keys_create, "create a key; prints it once", common)
-    p.add_argument("tenant")
+    _tenant(p)
     p.add_argument("name")
     p.add_argument("--scope", action="append", choices=SCOPES,
                    help="repeat for several (default: inference)")  # fmt: skip
@@ -77,11 +90,11 @@ def add_rest_commands(admin: Any) -> None:
     p = _command(
         keys, "rotate", c.keys_rotate, "a new key; the old one works for the grace", common
     )
-    p.add_argument("tenant")
+    _tenant(p)
     p.add_argument("key_id")
     p.add_argument("--grace-seconds", type=float, default=None)
     p = _command(keys, "revoke", c.keys_revoke, "revoke a key at once", common)
-    p.add_argument("tenant")
+    _tenant(p)
     p.add_argument("key_id")
 
     quotas = admin.add_parser("quotas", help="quota policies and live state").add_subparsers(
@@ -98,7 +111,7 @@ def add_rest_commands(admin: Any) -> None:
         ("state", c.quotas_state, "live state from the quota store: used, remaining, resets"),
     ):
         p = _command(quotas, verb, handler, text, common)
-        p.add_argument("tenant")
+        _tenant(p)
         p.add_argument("--key", default=None, help="a key id: its own policy")
         if verb == "set":
             for field, flag in (("requests_per_minute", "--rpm"), ("tokens_per_minute", "--tpm"),
@@ -117,27 +130,27 @@ def add_rest_commands(admin: Any) -> None:
     p = _command(
         adapters, "list", c.adapters_list, "a tenant's adapters and the public ones", common
     )
-    p.add_argument("tenant")
+    _tenant(p)
     p = _command(adapters, "get", c.adapters_get, "one adapter", common)
-    p.add_argument("tenant")
+    _tenant(p)
     p.add_argument("adapter", help="adapter id")
     p = _command(adapters, "upload", c.adapters_upload,
                  "upload a PEFT directory or a .zip/.tar.gz, with progress", common)  # fmt: skip
+    _tenant(p, optional=True)
     p.add_argument("source", type=Path, metavar="DIR|ARCHIVE")
     p.add_argument("--name", required=True, help="the name clients use as `model`")
-    p.add_argument("--tenant", default=None, help="the owning tenant's id")
     p.add_argument("--public", action="store_true", help="visible to every tenant (admin)")
     p = _command(adapters, "delete", c.adapters_delete, "delete an adapter", common)
-    p.add_argument("tenant")
+    _tenant(p)
     p.add_argument("adapter")
 
     p = _command(admin, "usage", c.usage, "usage per day and model", common)
-    p.add_argument("tenant")
+    _tenant(p)
     p.add_argument("--since", type=_date, default=None, help="YYYY-MM-DD")
     p.add_argument("--until", type=_date, default=None, help="YYYY-MM-DD")
 
     p = _command(admin, "audit", c.audit, "the audit log, newest first", common)
-    p.add_argument("--tenant", default=None)
+    _tenant(p, optional=True)
     p.add_argument("--action", default=None, help="e.g. key.create")
     p.add_argument("--actor", default=None)
     p.add_argument("--since", type=_when, default=None)

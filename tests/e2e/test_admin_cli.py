@@ -174,7 +174,8 @@ def _adapter_dir(tiny_model_dir: Path, target: Path, **config: Any) -> Path:
 def test_adapters(cli: Cli, tiny_model_dir: Path, tmp_path: Path) -> None:
     tenant = _tenant(cli, "cli-adapters")
     source = _adapter_dir(tiny_model_dir, tmp_path / "peft")
-    created = cli.json("adapters", "upload", str(source), "--tenant", tenant, "--name", "from-dir")
+    # TENANT first, as every command takes it; `--tenant` is the earlier spelling, still taken
+    created = cli.json("adapters", "upload", tenant, str(source), "--name", "from-dir")
     assert created["name"] == "from-dir" and created["owner_tenant_id"] == tenant
     archive = tmp_path / "peft.zip"
     with zipfile.ZipFile(archive, "w") as z:
@@ -189,7 +190,10 @@ def test_adapters(cli: Cli, tiny_model_dir: Path, tmp_path: Path) -> None:
     assert code == 0 and "deleted" in err
     assert "from-zip" not in {a["name"] for a in cli.json("adapters", "list", tenant)}
     code, _, err = cli.run("adapters", "upload", str(source), "--name", "x")
-    assert code == 2 and "--tenant" in err
+    assert code == 2 and "TENANT, or --public" in err
+    code, _, err = cli.run("adapters", "upload", tenant, str(source), "--tenant", "other",
+                           "--name", "x")  # fmt: skip
+    assert code == 2 and "TENANT given twice" in err
 
 
 def test_upload_progress_and_server_validation_error(
@@ -201,7 +205,7 @@ def test_upload_progress_and_server_validation_error(
     tenant = gateway_proc.tenant().tenant_id
     good = _adapter_dir(tiny_model_dir, tmp_path / "good")
     done = subprocess.run(
-        [str(BIN / "loragate"), "admin", "adapters", "upload", str(good), "--tenant", tenant,
+        [str(BIN / "loragate"), "admin", "adapters", "upload", tenant, str(good),
          "--name", "progress-demo"],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -250,8 +254,9 @@ def test_usage_and_audit(cli: Cli) -> None:
             break
     assert rows[0]["num_requests"] == 1 and rows[0]["model"] == MODEL
     assert cli.json("usage", info.tenant_id, "--since", "2000-01-01", "--until", "2000-01-02") == []
-    events = cli.json("audit", "--tenant", info.tenant_id, "--action", "tenant.create")
+    events = cli.json("audit", info.tenant_id, "--action", "tenant.create")
     assert [e["object_id"] for e in events] == [info.tenant_id]
+    assert cli.json("audit", "--tenant", info.tenant_id, "--action", "tenant.create") == events
     assert len(cli.json("audit", "--limit", "2")) == 2
     code, out, _ = cli.run("audit", "--tenant", info.tenant_id)
     assert code == 0 and "key.create" in out
