@@ -12,6 +12,7 @@ from typing import Any
 
 from tenancy.admin_cli import profile, render
 from tenancy.admin_cli.client import AdminApiError, AdminClient, ConnectionFailed
+from tenancy.admin_cli.tenant_arg import TenantNotFound, resolve_tenant
 from tenancy.admin_cli.upload import ARCHIVES, upload
 
 Handler = Callable[[AdminClient, argparse.Namespace], Any]
@@ -232,11 +233,13 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         if hasattr(args, "tenant"):
             args.tenant = tenant_of(args)
         with AdminClient(target.url, target.key) as client:
+            if getattr(args, "tenant", None):
+                args.tenant = resolve_tenant(client, args.tenant)
             handler(client, args)
     except UsageError as exc:
         print(f"loragate admin: {exc}", file=sys.stderr)
         return 2
-    except (AdminApiError, ConnectionFailed) as exc:
+    except (AdminApiError, ConnectionFailed, TenantNotFound) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

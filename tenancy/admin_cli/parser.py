@@ -10,7 +10,7 @@ from typing import Any
 from tenancy.admin_cli import commands as c
 
 SCOPES = ("inference", "tenant-admin", "admin")
-TENANT_HELP = "the tenant"
+TENANT_HELP = "the tenant: its name or its id"
 
 
 def _limit(text: str) -> int | None:

@@ -82,6 +82,7 @@ def test_tenants(cli: Cli) -> None:
     tenant = next(t for t in listed if t["name"] == "cli-tenants")
     cli.gateway.tenant_ids.append(tenant["id"])
     assert cli.json("tenants", "get", tenant["id"])["tier"] == "realtime"
+    assert cli.json("tenants", "get", "cli-tenants")["id"] == tenant["id"]  # a name works too
     assert (
         cli.json("tenants", "update", tenant["id"], "--status", "suspended")["status"]
         == "suspended"
@@ -260,6 +261,22 @@ def test_usage_and_audit(cli: Cli) -> None:
     assert len(cli.json("audit", "--limit", "2")) == 2
     code, out, _ = cli.run("audit", "--tenant", info.tenant_id)
     assert code == 0 and "key.create" in out
+
+
+def test_tenant_names(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TENANT is a name or an id everywhere; a tenant admin resolves its own name only."""
+    mine, other = _tenant(cli, "cli-names-mine"), _tenant(cli, "cli-names-other")
+    key = cli.json("keys", "create", "cli-names-mine", "ops", "--scope", "tenant-admin")
+    cli.gateway.secrets.append(key["key"])
+    assert cli.json("quotas", "set", "cli-names-mine", "--rpm", "7")["tenant_id"] == mine
+    events = cli.json("audit", "cli-names-mine", "--action", "key.create")
+    assert [e["tenant_id"] for e in events] == [mine]
+    code, _, err = cli.run("keys", "list", "no-such-tenant")
+    assert code == 1 and "TENANT 'no-such-tenant': no tenant of that name" in err
+    monkeypatch.setenv("LORAGATE_ADMIN_KEY", key["key"])
+    assert [k["id"] for k in cli.json("keys", "list", "cli-names-mine")] == [key["id"]]
+    code, _, err = cli.run("keys", "list", "cli-names-other")
+    assert code == 1 and "TENANT 'cli-names-other'" in err and other not in err
 
 
 def test_errors_name_the_field(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
