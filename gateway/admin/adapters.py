@@ -1,10 +1,12 @@
-"""/admin/v1/tenants/{tenant_id}/adapters (tenant-owned) and /admin/v1/adapters (public)."""
+"""/admin/v1/tenants/{tenant_id}/adapters (tenant-owned), /admin/v1/adapters (public) and
+/admin/v1/adapters/limits (what an upload must fit, for a client to check before it sends)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, UploadFile, status
+from pydantic import BaseModel
 
 from gateway.admin.deps import (
     AdapterRemovalDep,
@@ -14,7 +16,9 @@ from gateway.admin.deps import (
     SessionDep,
 )
 from tenancy.adapters.archive import UploadedFile
+from tenancy.adapters.base_model import LORA_MODULES
 from tenancy.adapters.errors import AdapterRejected
+from tenancy.auth.authz import require_any_admin
 from tenancy.crud import adapters as crud
 from tenancy.schemas import AdapterOut
 
@@ -33,6 +37,31 @@ async def _read(files: list[UploadFile], limit: int) -> list[UploadedFile]:
             raise AdapterRejected("The upload exceeds the size limit.")
         out.append(UploadedFile(filename=f.filename or "", data=data))
     return out
+
+
+class AdapterLimitsOut(BaseModel):
+    """The limits the server checks an upload against (LORAGATE_ADAPTER_LIMITS__*, the served
+    base model): `loragate admin adapters upload` checks adapter_config.json and the files'
+    sizes against them before it sends any weights."""
+
+    max_rank: int
+    max_upload_bytes: int
+    max_files: int
+    max_safetensors_header_bytes: int
+    max_name_length: int
+    base_model: str
+    target_modules: list[str]
+
+
+@router.get("/adapters/limits", response_model=AdapterLimitsOut)
+async def adapter_limits(principal: PrincipalDep, runtime: RuntimeDep) -> AdapterLimitsOut:
+    require_any_admin(principal)  # those who may upload; an inference key has no use for them
+    limits, base = runtime.settings.adapter_limits, runtime.settings.base_model
+    return AdapterLimitsOut(
+        **limits.model_dump(exclude={"max_compression_ratio"}),
+        base_model=base.name,
+        target_modules=list(LORA_MODULES),
+    )
 
 
 @router.post(

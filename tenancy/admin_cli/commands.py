@@ -12,8 +12,9 @@ from typing import Any
 
 from tenancy.admin_cli import profile, render
 from tenancy.admin_cli.client import AdminApiError, AdminClient, ConnectionFailed
+from tenancy.admin_cli.preflight import UploadLimits, check_upload
 from tenancy.admin_cli.tenant_arg import TenantNotFound, resolve_tenant
-from tenancy.admin_cli.upload import ARCHIVES, upload
+from tenancy.admin_cli.upload import ARCHIVES, files_of, upload
 
 Handler = Callable[[AdminClient, argparse.Namespace], Any]
 
@@ -29,6 +30,10 @@ STATE = [("name", "limit"), ("limit", "max"), ("used", "used"), ("remaining", "r
          ("resets_in_s", "resets in (s)")]  # fmt: skip
 ADAPTER = [("id", "id"), ("name", "name"), ("owner_tenant_id", "owner"), ("status", "status"),
            ("rank", "rank"), ("size_bytes", "bytes"), ("created_at", "uploaded")]  # fmt: skip
+UPLOAD_LIMITS = [("max_rank", "max rank"), ("max_upload_bytes", "max bytes"),
+                 ("max_files", "max files"), ("max_safetensors_header_bytes", "max header bytes"),
+                 ("max_name_length", "max name length"), ("base_model", "base model"),
+                 ("target_modules", "target modules")]  # fmt: skip
 USAGE = [("day", "day"), ("model", "model"), ("num_requests", "requests"),
          ("prompt_tokens", "prompt"), ("completion_tokens", "completion"),
          ("cached_tokens", "cached")]  # fmt: skip
@@ -158,6 +163,19 @@ def adapters_get(c: AdminClient, a: argparse.Namespace) -> None:
           ("base_model", "base model"), ("target_modules", "targets"), ("sha256", "sha256")])  # fmt: skip
 
 
+def adapters_limits(c: AdminClient, a: argparse.Namespace) -> None:
+    _show(a, c.call("GET", "/adapters/limits"), UPLOAD_LIMITS)
+
+
+def _upload_limits(c: AdminClient) -> UploadLimits | None:
+    try:
+        return UploadLimits.from_api(c.call("GET", "/adapters/limits"))
+    except AdminApiError as exc:
+        if exc.status == 404:  # a gateway older than the endpoint: the server checks alone
+            return None
+        raise
+
+
 def adapters_upload(c: AdminClient, a: argparse.Namespace) -> None:
     if (a.tenant is None) == (not a.public):
         raise UsageError("name the owner: TENANT, or --public (admins only)")
@@ -165,6 +183,9 @@ def adapters_upload(c: AdminClient, a: argparse.Namespace) -> None:
         raise UsageError(f"{a.source}: a PEFT directory, or one of {', '.join(ARCHIVES)}")
     path = "/adapters" if a.public else f"/tenants/{a.tenant}/adapters"
     try:
+        limits = _upload_limits(c)
+        if limits is not None:
+            check_upload(a.source, files_of(a.source), name=a.name, limits=limits)
         created = upload(c, path, name=a.name, source=a.source, quiet=a.json)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -10,6 +10,13 @@ from typing import Any
 from tenancy.admin_cli import commands as c
 
 SCOPES = ("inference", "tenant-admin", "admin")
+UPLOAD_EPILOG = (
+    "Before sending any weights, the upload checks adapter_config.json (r and rank_pattern "
+    "against the max rank, peft_type LORA, base_model_name_or_path against the served model) and "
+    "the files (their number and total size) and --name's length against the server's limits: "
+    "`loragate admin adapters limits` shows them (defaults: rank 64, 256 MiB, 8 files, names "
+    "of 64 characters; LORAGATE_ADAPTER_LIMITS__*). The server then checks everything."
+)
 TENANT_HELP = "the tenant: its name or its id"
 
 
@@ -136,10 +143,12 @@ def add_rest_commands(admin: Any) -> None:
     p.add_argument("adapter", help="adapter id")
     p = _command(adapters, "upload", c.adapters_upload,
                  "upload a PEFT directory or a .zip/.tar.gz, with progress", common)  # fmt: skip
+    p.epilog = UPLOAD_EPILOG
     _tenant(p, optional=True)
     p.add_argument("source", type=Path, metavar="DIR|ARCHIVE")
     p.add_argument("--name", required=True, help="the name clients use as `model`")
     p.add_argument("--public", action="store_true", help="visible to every tenant (admin)")
+    _command(adapters, "limits", c.adapters_limits, "what an upload must fit (server)", common)
     p = _command(adapters, "delete", c.adapters_delete, "delete an adapter", common)
     _tenant(p)
     p.add_argument("adapter")

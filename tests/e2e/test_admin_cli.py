@@ -192,6 +192,17 @@ def test_adapters(cli: Cli, tiny_model_dir: Path, tmp_path: Path) -> None:
     assert "from-zip" not in {a["name"] for a in cli.json("adapters", "list", tenant)}
     code, _, err = cli.run("adapters", "upload", str(source), "--name", "x")
     assert code == 2 and "TENANT, or --public" in err
+    limits = cli.json("adapters", "limits")
+    assert limits == cli.gateway.admin("GET", "/adapters/limits").json()
+    rank, length = limits["max_rank"] + 1, limits["max_name_length"] + 1
+    assert limits["base_model"] == MODEL and "q_proj" in limits["target_modules"]
+    code, out, _ = cli.run("adapters", "limits")
+    assert code == 0 and "max rank" in out
+    odd = _adapter_dir(tiny_model_dir, tmp_path / "odd", rank_pattern={"q_proj": rank},
+                       base_model_name_or_path="other/model")  # fmt: skip
+    code, _, err = cli.run("adapters", "upload", tenant, str(odd), "--name", "n" * length)
+    assert code == 2 and f"rank_pattern['q_proj'] is {rank}" in err and "'other/model'" in err
+    assert f"--name is {length} characters, above {length - 1}" in err
     code, _, err = cli.run("adapters", "upload", tenant, str(source), "--tenant", "other",
                            "--name", "x")  # fmt: skip
     assert code == 2 and "TENANT given twice" in err
@@ -221,7 +232,17 @@ def test_upload_progress_and_server_validation_error(
     assert abs(float(sent.group(2)) * unit - size) / size < 0.1  # the files, plus the framing
     assert "progress-demo" in done.stdout
 
-    bad = _adapter_dir(tiny_model_dir, tmp_path / "bad", r=4096, lora_alpha=8192)
+    wide = _adapter_dir(tiny_model_dir, tmp_path / "wide", r=4096, lora_alpha=8192)
+    done = subprocess.run(
+        [str(BIN / "loragate"), "admin", "adapters", "upload", tenant, str(wide), "--name", "w"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr  # refused here, against GET /adapters/limits
+    max_rank = gateway_proc.admin("GET", "/adapters/limits").json()["max_rank"]
+    assert f"adapter_config.json: r is 4096, above this server's max rank {max_rank}" in done.stderr
+    assert "nothing was sent" in done.stderr and "━" not in done.stderr  # no upload began
+
+    bad = _adapter_dir(tiny_model_dir, tmp_path / "bad", use_dora=True)  # the server's to refuse
     files = [("files", (p.name, p.read_bytes())) for p in sorted(bad.iterdir())]
     direct = gateway_proc.admin("POST", f"/tenants/{tenant}/adapters",
                                 data={"name": "too-wide"}, files=files)  # fmt: skip
