@@ -1,4 +1,4 @@
-"""Engine subcommands of the `loragate` console script: `make-model` and `engine`."""
+"""Engine subcommands of the `loragate` console script: `make-model`, `make-adapter` and `engine`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from engine.config import EngineConfig, LoraModule
 from engine.settings import EngineSettings
+from lora.dims import LORA_MODULES
 
 
 def parse_lora_modules(values: list[str]) -> tuple[LoraModule, ...]:
@@ -61,6 +62,23 @@ def add_subcommands(subparsers: Any) -> None:
     make.add_argument("--tie-embeddings", action="store_true", help="tie lm_head to the embedding")
     make.set_defaults(handler=_make_model)
 
+    adapter = subparsers.add_parser(
+        "make-adapter",
+        help="write a PEFT LoRA adapter with seeded random weights for a checkpoint's shapes",
+    )
+    adapter.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="the base checkpoint")
+    adapter.add_argument("out", type=Path, metavar="OUT_DIR")
+    adapter.add_argument("--rank", type=int, required=True)
+    adapter.add_argument("--seed", type=int, default=0)
+    adapter.add_argument("--alpha", type=float, default=None, help="lora_alpha (default: 2 x rank)")
+    adapter.add_argument("--target-modules", nargs="+", choices=LORA_MODULES,
+                         default=list(LORA_MODULES), metavar="MODULE",
+                         help=f"some of {', '.join(LORA_MODULES)} (default: all)")  # fmt: skip
+    adapter.add_argument("--base-model-name", default=None,
+                         help="base_model_name_or_path (default: MODEL_DIR's name; an upload "
+                         "needs the name the gateway serves the model under)")  # fmt: skip
+    adapter.set_defaults(handler=_make_adapter)
+
     serve = subparsers.add_parser("engine", help="serve the tokens-only engine over HTTP")
     serve.add_argument("--model", required=True, help="a local Hugging Face checkpoint directory")
     serve.add_argument("--served-model-name", default=None)
@@ -82,6 +100,21 @@ def _make_model(args: argparse.Namespace) -> int:
         args.out, size=args.size, family=args.family, tie_word_embeddings=args.tie_embeddings
     )
     print(f"wrote {args.size} {args.family} checkpoint to {path}")
+    return 0
+
+
+def _make_adapter(args: argparse.Namespace) -> int:
+    from lora.make_adapter import AdapterRecipe, make_adapter
+
+    try:
+        recipe = AdapterRecipe(
+            rank=args.rank, seed=args.seed, alpha=args.alpha,
+            target_modules=tuple(args.target_modules), base_model_name=args.base_model_name,
+        )  # fmt: skip
+        path = make_adapter(args.model_dir, args.out, recipe)
+    except ValueError as exc:  # a bad option, or MODEL_DIR without a usable config.json
+        raise SystemExit(f"loragate make-adapter: {exc}") from None
+    print(f"wrote a rank-{args.rank} adapter for {args.model_dir} to {path}")
     return 0
 
 
