@@ -7,19 +7,15 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from tenancy.admin_cli import add_rest_commands
-from tenancy.auth.bootstrap import bootstrap_admin
-from tenancy.auth.key_format import KeyMinter
-from tenancy.errors import ClientError
-from tenancy.settings import TenancySettings
-from tenancy.sql.migrate import upgrade
-from tenancy.sql.session import make_engine, make_sessionmaker
-from tenancy.state_dir import SECRETS_FILE, NoStateDir, state_settings
 
+if TYPE_CHECKING:
+    from tenancy.settings import TenancySettings
+
+# The handlers import the settings, SQL and key code when they run: building the argument tree
+# (`loragate admin --help`, any REST command) stays light (gateway/cli.py).
 STATE_HELP = (
     "a state directory (the demo's is .cache/demo): its secrets and SQLite database instead of "
     "the LORAGATE_* environment"
@@ -45,6 +41,11 @@ def add_subcommands(subparsers: Any) -> None:
 
 def _settings(state_dir: Path | None) -> TenancySettings | None:
     """From the environment, or from a state directory; on a problem, say what and where."""
+    from pydantic import ValidationError
+
+    from tenancy.settings import TenancySettings
+    from tenancy.state_dir import SECRETS_FILE, NoStateDir, state_settings
+
     try:
         values = {} if state_dir is None else state_settings(state_dir, create=False)
         return TenancySettings(**values)  # type: ignore[arg-type]
@@ -73,6 +74,9 @@ def _ensure_sqlite_dir(url: str) -> None:
 
 
 async def _migrate_async(settings: TenancySettings) -> None:
+    from tenancy.sql.migrate import upgrade
+    from tenancy.sql.session import make_engine
+
     _ensure_sqlite_dir(settings.database_url)
     engine = make_engine(settings.database_url)
     try:
@@ -90,6 +94,10 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 async def _bootstrap_async(settings: TenancySettings, force: bool) -> str:
+    from tenancy.auth.bootstrap import bootstrap_admin
+    from tenancy.auth.key_format import KeyMinter
+    from tenancy.sql.session import make_engine, make_sessionmaker
+
     await _migrate_async(settings)
     engine = make_engine(settings.database_url)
     try:
@@ -110,6 +118,8 @@ async def _bootstrap_async(settings: TenancySettings, force: bool) -> str:
 
 
 def _bootstrap(args: argparse.Namespace) -> int:
+    from tenancy.errors import ClientError
+
     settings = _settings(args.dir)
     if settings is None:
         return 2

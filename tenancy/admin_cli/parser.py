@@ -1,13 +1,15 @@
-"""The argument tree of the REST commands under `loragate admin` (tenancy/cli.py adds them)."""
+"""The argument tree of the REST commands under `loragate admin` (tenancy/cli.py adds them).
+
+Handlers are named, not imported: commands.py (and with it httpx and rich) is imported when a
+command runs, so `loragate admin --help` builds this tree without them (gateway/cli.py)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 from pathlib import Path
 from typing import Any
-
-from tenancy.admin_cli import commands as c
 
 SCOPES = ("inference", "tenant-admin", "admin")
 UPLOAD_EPILOG = (
@@ -46,9 +48,18 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
-def _command(group: Any, name: str, handler: c.Handler, help: str, common: Any) -> Any:
+def _run(handler: str, args: argparse.Namespace) -> int:
+    from tenancy.admin_cli import commands
+
+    if handler == "login":  # no saved target yet: it makes one
+        return commands.login(args)
+    return commands.run(getattr(commands, handler), args)
+
+
+def _command(group: Any, name: str, handler: str, help: str, common: Any) -> Any:
+    """`handler`: the name of a function in commands.py (tests/e2e/test_admin_cli.py runs each)."""
     parser = group.add_parser(name, help=help, description=help, parents=[common])
-    parser.set_defaults(handler=lambda args: c.run(handler, args))
+    parser.set_defaults(handler=functools.partial(_run, handler))
     return parser
 
 
@@ -68,39 +79,39 @@ def add_rest_commands(admin: Any) -> None:
     common = _common()
 
     tenants = admin.add_parser("tenants", help="tenants").add_subparsers(dest="verb", required=True)
-    _command(tenants, "list", c.tenants_list, "list the tenants you may see", common)
-    p = _command(tenants, "get", c.tenants_get, "one tenant", common)
+    _command(tenants, "list", "tenants_list", "list the tenants you may see", common)
+    p = _command(tenants, "get", "tenants_get", "one tenant", common)
     _tenant(p)
-    p = _command(tenants, "create", c.tenants_create, "create a tenant (admin)", common)
+    p = _command(tenants, "create", "tenants_create", "create a tenant (admin)", common)
     p.add_argument("name")
     p.add_argument("--tier", default=None, help="a tier name (default: the server's default)")
-    p = _command(tenants, "update", c.tenants_update, "rename, re-tier or suspend (admin)", common)
+    p = _command(tenants, "update", "tenants_update", "rename, re-tier or suspend (admin)", common)
     _tenant(p)
     p.add_argument("--name")
     p.add_argument("--tier")
     p.add_argument("--status", choices=("active", "suspended"))
-    p = _command(tenants, "delete", c.tenants_delete, "delete a tenant (admin)", common)
+    p = _command(tenants, "delete", "tenants_delete", "delete a tenant (admin)", common)
     _tenant(p)
     p.add_argument("--yes", action="store_true", help="confirm")
-    p = _command(tenants, "rotate-salt", c.tenants_rotate_salt, "new cache-salt epoch", common)
+    p = _command(tenants, "rotate-salt", "tenants_rotate_salt", "new cache-salt epoch", common)
     _tenant(p)
 
     keys = admin.add_parser("keys", help="API keys").add_subparsers(dest="verb", required=True)
-    p = _command(keys, "list", c.keys_list, "a tenant's keys (prefix and last four)", common)
+    p = _command(keys, "list", "keys_list", "a tenant's keys (prefix and last four)", common)
     _tenant(p)
-    p = _command(keys, "create", c.keys_create, "create a key; prints it once", common)
+    p = _command(keys, "create", "keys_create", "create a key; prints it once", common)
     _tenant(p)
     p.add_argument("name")
     p.add_argument("--scope", action="append", choices=SCOPES,
                    help="repeat for several (default: inference)")  # fmt: skip
     p.add_argument("--expires-at", type=_when, default=None, help="ISO time (UTC if no zone)")
     p = _command(
-        keys, "rotate", c.keys_rotate, "a new key; the old one works for the grace", common
+        keys, "rotate", "keys_rotate", "a new key; the old one works for the grace", common
     )
     _tenant(p)
     p.add_argument("key_id")
     p.add_argument("--grace-seconds", type=float, default=None)
-    p = _command(keys, "revoke", c.keys_revoke, "revoke a key at once", common)
+    p = _command(keys, "revoke", "keys_revoke", "revoke a key at once", common)
     _tenant(p)
     p.add_argument("key_id")
 
@@ -108,14 +119,14 @@ def add_rest_commands(admin: Any) -> None:
         dest="verb", required=True
     )
     for verb, handler, text in (
-        ("get", c.quotas_get, "a tenant's (or --key's) quota policy"),
+        ("get", "quotas_get", "a tenant's (or --key's) quota policy"),
         (
             "set",
-            c.quotas_set,
+            "quotas_set",
             "change the limits given, keep the others (--replace: a limit "
             "not given becomes unlimited)",
         ),
-        ("state", c.quotas_state, "live state from the quota store: used, remaining, resets"),
+        ("state", "quotas_state", "live state from the quota store: used, remaining, resets"),
     ):
         p = _command(quotas, verb, handler, text, common)
         _tenant(p)
@@ -135,30 +146,30 @@ def add_rest_commands(admin: Any) -> None:
         dest="verb", required=True
     )
     p = _command(
-        adapters, "list", c.adapters_list, "a tenant's adapters and the public ones", common
+        adapters, "list", "adapters_list", "a tenant's adapters and the public ones", common
     )
     _tenant(p)
-    p = _command(adapters, "get", c.adapters_get, "one adapter", common)
+    p = _command(adapters, "get", "adapters_get", "one adapter", common)
     _tenant(p)
     p.add_argument("adapter", help="adapter id")
-    p = _command(adapters, "upload", c.adapters_upload,
+    p = _command(adapters, "upload", "adapters_upload",
                  "upload a PEFT directory or a .zip/.tar.gz, with progress", common)  # fmt: skip
     p.epilog = UPLOAD_EPILOG
     _tenant(p, optional=True)
     p.add_argument("source", type=Path, metavar="DIR|ARCHIVE")
     p.add_argument("--name", required=True, help="the name clients use as `model`")
     p.add_argument("--public", action="store_true", help="visible to every tenant (admin)")
-    _command(adapters, "limits", c.adapters_limits, "what an upload must fit (server)", common)
-    p = _command(adapters, "delete", c.adapters_delete, "delete an adapter", common)
+    _command(adapters, "limits", "adapters_limits", "what an upload must fit (server)", common)
+    p = _command(adapters, "delete", "adapters_delete", "delete an adapter", common)
     _tenant(p)
     p.add_argument("adapter")
 
-    p = _command(admin, "usage", c.usage, "usage per day and model", common)
+    p = _command(admin, "usage", "usage", "usage per day and model", common)
     _tenant(p)
     p.add_argument("--since", type=_date, default=None, help="YYYY-MM-DD")
     p.add_argument("--until", type=_date, default=None, help="YYYY-MM-DD")
 
-    p = _command(admin, "audit", c.audit, "the audit log, newest first", common)
+    p = _command(admin, "audit", "audit", "the audit log, newest first", common)
     _tenant(p, optional=True)
     p.add_argument("--action", default=None, help="e.g. key.create")
     p.add_argument("--actor", default=None)
@@ -169,4 +180,4 @@ def add_rest_commands(admin: Any) -> None:
     p = admin.add_parser("login", help="save a profile (URL and key; the key read from stdin)")
     p.add_argument("--url", required=True, help="the gateway, e.g. https://gateway.example")
     p.add_argument("--profile", default=None)
-    p.set_defaults(handler=c.login)
+    p.set_defaults(handler=functools.partial(_run, "login"))
