@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from gateway_processes import Processes, free_port, start_redis, wait_http
+from gateway_processes import Processes, free_port, start_redis
 from gateway_report import print_table, summarize
 from gateway_wrk import Target, measure
 
@@ -143,14 +143,14 @@ def start_gateway(
         ).stdout.strip()  # fmt: skip
         if not where.startswith(str(source)):
             raise RuntimeError(f"the baseline would import {where}, not {source}")
-    procs.start(
+    proc = procs.start(
         name,
         [*command, "serve", "--port", str(port), "--log-level", "warning"],
         env=env,
         cwd=source,
     )
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/ready")
+    procs.wait_ready(proc, url + "/ready")
     return url, bench_key(url, admin)
 
 
@@ -195,14 +195,16 @@ def main() -> int:
     try:
         redis_url = start_redis(procs)
         standin_port, engine_port = free_port(), free_port()
-        procs.start("standin", [sys.executable, __file__, "--standin", str(standin_port)])
+        standin_proc = procs.start(
+            "standin", [sys.executable, __file__, "--standin", str(standin_port)]
+        )
         standin = f"http://127.0.0.1:{standin_port}"
         engine = f"http://127.0.0.1:{engine_port}"
         # --quick measures the gateway's own cost only (the stand-in); the full run adds the
         # real engine.
         real = not (args.no_real_engine or args.quick)
         if real:
-            procs.start(
+            engine_proc = procs.start(
                 "engine",
                 [
                     str(BIN / "loragate"),
@@ -215,7 +217,7 @@ def main() -> int:
                     "tiny",
                 ],
             )
-        wait_http(standin + "/health")
+        procs.wait_ready(standin_proc, standin + "/health")
         # Everything starts at once (start-up is most of a quick run); nothing is measured
         # until all of it is up and idle.
         migrations = threading.Lock()
@@ -229,7 +231,7 @@ def main() -> int:
                     migrations, args.baseline_src.resolve(),
                 )  # fmt: skip
             if real:
-                wait_http(engine + "/health")
+                procs.wait_ready(engine_proc, engine + "/health")
                 second = pool.submit(
                     start_gateway, procs, "gw-engine", args.model, engine, redis_url, migrations
                 )

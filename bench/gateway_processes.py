@@ -17,21 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from server_process import free_port, start_logged, wait_healthy
 
 
-def wait_http(
-    url: str,
-    timeout_s: float = 120.0,
-    proc: subprocess.Popen[bytes] | None = None,
-    log_path: Path | None = None,
-) -> None:
-    """Until `url` answers 200; with `proc` and its `log_path` (from Processes.start), the wait
-    also ends, with the end of that log, as soon as the process exits."""
-    wait_healthy(url, proc, log_path, timeout_s=timeout_s, interval_s=0.1)
-
-
 class Processes:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.procs: list[subprocess.Popen[bytes]] = []
+        self._names: dict[int, str] = {}  # pid -> the name its log is under
 
     def log_path(self, name: str) -> Path:
         return self.workdir / f"{name}.log"
@@ -41,7 +31,14 @@ class Processes:
     ) -> subprocess.Popen[bytes]:
         proc = start_logged(args, self.log_path(name), env=env, cwd=cwd)
         self.procs.append(proc)
+        self._names[proc.pid] = name
         return proc
+
+    def wait_ready(self, proc: subprocess.Popen[bytes], url: str, timeout_s: float = 120.0) -> None:
+        """Until `url` answers 200; ends at once, with the end of its log, if `proc` (started
+        here) exits first."""
+        log_path = self.log_path(self._names[proc.pid])
+        wait_healthy(url, proc, log_path, timeout_s=timeout_s, interval_s=0.1)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 # found as namespace packages before the installed ones.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gateway_overhead import bench_key, bootstrap, gateway_env
-from gateway_processes import Processes, free_port, start_redis, wait_http
+from gateway_processes import Processes, free_port, start_redis
 from vllm_servers import SERVE_ARGS, start_vllm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,10 +44,10 @@ def start_gateway(
     env = gateway_env(procs, name, model, urls, redis_url, engine_kind=kind)
     admin = asyncio.run(bootstrap(env))
     port = free_port()
-    procs.start(name, [str(BIN / "loragate"), "serve", "--port", str(port),
-                       "--log-level", "warning"], env=env)  # fmt: skip
+    proc = procs.start(name, [str(BIN / "loragate"), "serve", "--port", str(port),
+                              "--log-level", "warning"], env=env)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/ready")
+    procs.wait_ready(proc, url + "/ready")
     return url, bench_key(url, admin)
 
 
@@ -136,8 +136,8 @@ def main() -> int:
             "vllm": [s.proc.pid for s in servers],
         }
         ours = [f"http://127.0.0.1:{p}" for p in ports]
-        for url in ours:
-            wait_http(url + "/health", timeout_s=300)
+        for proc, url in zip(procs.procs[-2:], ours, strict=True):
+            procs.wait_ready(proc, url + "/health", timeout_s=300)
         targets = {
             "loragate": start_gateway(procs, "gw-loragate", args.model, "loragate", ours,
                                       redis_url),

@@ -7,14 +7,13 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-from server_process import free_port
+from server_process import StartupError, free_port, start_logged, wait_healthy
 
 BIN = Path(sys.executable).parent
 STARTUP_TIMEOUT_S = 120.0
@@ -128,11 +127,11 @@ def start_gateway(
     port = port or free_port()
     log_path = workdir / f"gateway-{port}.log"
     admin_key = bootstrap_admin(env)
-    log = open(log_path, "wb")  # noqa: SIM115 (lives as long as the process)
-    proc = subprocess.Popen(
+    proc = start_logged(
         [str(BIN / "loragate"), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        log_path,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     gateway = GatewayProcess(
         url=url,
@@ -142,15 +141,9 @@ def start_gateway(
         salt_secret=env["LORAGATE_SALT_SECRET"],
     )
     gateway.secrets.append(admin_key)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway exited early:\n{log_path.read_text()[-3000:]}")
-        try:
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                return gateway
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    gateway.stop()
-    raise RuntimeError("gateway did not become ready")
+    try:
+        wait_healthy(url + "/ready", proc, log_path, timeout_s=STARTUP_TIMEOUT_S)
+    except StartupError:
+        gateway.stop()
+        raise
+    return gateway
