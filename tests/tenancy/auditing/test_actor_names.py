@@ -1,15 +1,18 @@
 """Issue 45, rough edge: the audit log's actor reads as the key's name (`actor_name`), not only
 `key:<uuid>` (kept as `actor`), also after the key is revoked, rotated or deleted with its
-tenant."""
+tenant; `loragate admin audit`'s table shows the name."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from admin_harness import Harness, admin_harness
 from tenancy_factories import SecretRegistry
 
+from tenancy.admin_cli import render
+from tenancy.admin_cli.commands import AUDIT
 from tenancy.settings import TenancySettings
 
 
@@ -20,7 +23,10 @@ async def _ok(h: Harness, method: str, path: str, key: str | None = None, **kw: 
 
 
 async def test_actor_names_outlive_the_key(
-    make_settings: Callable[..., TenancySettings], secret_registry: SecretRegistry
+    make_settings: Callable[..., TenancySettings],
+    secret_registry: SecretRegistry,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with admin_harness(make_settings()) as h:
         secret_registry.add(h.admin_key)
@@ -49,6 +55,11 @@ async def test_actor_names_outlive_the_key(
         await _ok(h, "DELETE", f"/tenants/{tid}")  # its keys go with it; the log stays
         event = by_ops(await _ok(h, "GET", f"/audit?tenant_id={tid}"))
         assert event["actor_name"] == "acme-ops"
+        monkeypatch.setenv("COLUMNS", "200")
+        capsys.readouterr()
+        render.table([event], AUDIT)  # what `loragate admin audit` prints for it
+        table = capsys.readouterr().out
+        assert "acme-ops" in table and ops["id"] not in table
 
         # The bootstrap admin key is named too; actors that are not keys read as themselves.
         events = await _ok(h, "GET", "/audit?limit=1000")
