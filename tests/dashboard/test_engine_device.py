@@ -19,6 +19,7 @@ from gateway.engines.status import engine_status
 from tenancy.auth.scopes import Scope
 from tenancy.crud.adapters import register_adapter
 
+
 @pytest_asyncio.fixture(loop_scope="module")
 async def browser(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
     transport = gateway.client._transport
