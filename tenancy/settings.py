@@ -26,11 +26,20 @@ def strong_secret(value: SecretStr, name: str) -> SecretStr:
 
 
 class TierBand(BaseModel):
-    """A band of engine priorities (lower runs earlier); a request hint is clamped into it."""
+    """A tier: a band of engine priorities (lower runs earlier; a request hint is clamped into
+    it), and the most KV cache one request may claim.
+
+    `max_request_kv_tokens` bounds n x (prompt tokens + max_tokens), summed over a request's
+    prompts: what its sequences can hold in an engine's KV cache at once. Quotas bound tokens
+    over time, not one request's footprint, so without it a single n=64, max_tokens=2000 request
+    from a tenant without quotas fills an engine's cache for minutes. The default is a fraction
+    of one engine's cache on a data-centre GPU and above a whole 32k context.
+    """
 
     lo: int
     hi: int
     default: int
+    max_request_kv_tokens: int = Field(default=65_536, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> TierBand:

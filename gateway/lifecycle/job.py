@@ -172,6 +172,36 @@ class Planner:
         except InvalidRequestError as exc:
             raise BadRequest(exc.message, param=exc.param) from None
 
+    def check_kv_bound(
+        self,
+        prompts: list[list[int]],
+        params: GenerateSamplingParams,
+        target: EngineTarget,
+        *,
+        max_tokens_param: str,
+        is_default_max_tokens: bool,
+    ) -> None:
+        """The tier's `max_request_kv_tokens` (tenancy/settings.py): a 400 naming `n` (or the
+        max tokens field when n is 1) past it. A max_tokens the client did not give (what the
+        context leaves) is lowered to fit instead, as far as `min_tokens` allows."""
+        bound = self.settings.tiers[target.ctx.tier].max_request_kv_tokens
+        num_kv = request_kv_tokens(prompts, params)
+        if num_kv <= bound:
+            return
+        num_prompt = sum(len(p) for p in prompts)
+        if is_default_max_tokens:
+            fits = (bound // params.n - num_prompt) // len(prompts)
+            if fits >= max(1, params.min_tokens):
+                params.max_tokens = fits
+                return
+        each = "" if len(prompts) == 1 else f"{len(prompts)} x "
+        raise BadRequest(
+            f"n x (prompt tokens + {max_tokens_param}) is {params.n} x ({num_prompt} + "
+            f"{each}{params.max_tokens}) = {num_kv} tokens of KV cache; this tier allows at most "
+            f"{bound} per request. Lower n or {max_tokens_param}.",
+            param="n" if params.n > 1 else max_tokens_param,
+        )
+
     def engine_requests(
         self,
         prompts: list[list[int]],
@@ -203,3 +233,9 @@ class Planner:
 def reserve_tokens(prompts: list[list[int]], params: GenerateSamplingParams) -> int:
     """What admission reserves: every prompt plus the most every choice can generate."""
     return sum(len(p) for p in prompts) + len(prompts) * params.n * params.max_tokens
+
+
+def request_kv_tokens(prompts: list[list[int]], params: GenerateSamplingParams) -> int:
+    """What a request's sequences can hold in the KV cache at once: each of the n choices of
+    each prompt, its prompt and all it may generate (prefix caching may share the prompts')."""
+    return params.n * sum(len(p) + params.max_tokens for p in prompts)

@@ -143,11 +143,7 @@ class ChatCompletionRequest(SamplingFields):
 
     @property
     def requested_max_tokens(self) -> int | None:
-        return (
-            self.max_completion_tokens
-            if self.max_completion_tokens is not None
-            else (self.max_tokens)
-        )
+        return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
 
     def template_messages(self) -> list[dict[str, Any]]:
         """Messages as the chat template reads them: role and text content; an assistant's
@@ -295,11 +291,17 @@ class TextSampling:
     include_stop: bool
     # the client's name for the engine's structured_outputs parameters (lifecycle/grammars.py)
     constraint_param: Callable[[str], str] | None = None
+    max_tokens_param: str = "max_tokens"  # the client's name for it (Responses: another)
+    is_default_max_tokens: bool = False  # the client gave none: what the context leaves
 
     def plan(
         self, planner: Planner, target: EngineTarget, prompts: list[list[int]], output: Output
     ) -> Plan:
         """One engine request per prompt with these params, and what admission reserves."""
+        planner.check_kv_bound(
+            prompts, self.params, target, max_tokens_param=self.max_tokens_param,
+            is_default_max_tokens=self.is_default_max_tokens,
+        )  # fmt: skip
         return Plan(
             requests=planner.engine_requests(prompts, self.params, target),
             reserve_tokens=reserve_tokens(prompts, self.params),
@@ -324,6 +326,7 @@ def text_sampling(
     settings = planner.settings
     longest = max(len(p) for p in prompts)
     room = planner.room(longest, param=prompt_param)
+    is_default_max_tokens = max_tokens is None
     if max_tokens is None:
         max_tokens = min(room, settings.default_max_tokens or room)
     elif max_tokens < 1:
@@ -363,6 +366,8 @@ def text_sampling(
         stops=stops,
         include_stop=body.include_stop_str_in_output,
         constraint_param=None if constraint is None else constraint.client_param,
+        max_tokens_param=(aliases or {}).get("max_tokens", "max_tokens"),
+        is_default_max_tokens=is_default_max_tokens,
     )
 
 
