@@ -130,8 +130,15 @@ def start_gateway(
         install), e.g. the commit before a change, for a same-run comparison. `migrations`: alembic
     keeps its context in module globals, so two upgrades in one process must not overlap."""
     env = gateway_env(procs, name, model, [engine_url], redis_url)
-    with migrations:
-        admin = asyncio.run(bootstrap(env))
+    if source is None:
+        with migrations:
+            admin = asyncio.run(bootstrap(env))
+    else:  # that checkout's own migrations: this one's revisions are unknown to an older one
+        admin = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "admin", "bootstrap"],
+            cwd=source, env=env, capture_output=True, text=True,
+            check=True,
+        ).stdout.strip().splitlines()[-1]  # fmt: skip
     port = free_port()
     command = [str(BIN / "loragate")]
     if source is not None:
