@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from gateway_processes import Processes, free_port, start_redis
+from gateway_processes import Processes, free_port, postgres_database, start_redis
 from gateway_report import print_table, summarize
 from gateway_wrk import Target, measure
 
@@ -74,14 +74,21 @@ def gateway_env(
     engine_urls: list[str],
     redis_url: str,
     engine_kind: str | None = None,
+    keys: str = "sqlite",
 ) -> dict[str, str]:
     """A gateway process's environment: HTTP engine mode over `engine_urls`, Redis quotas under
-    a key prefix of its own, a fresh SQLite database migrated at start."""
+    a key prefix of its own, a fresh database (SQLite, or PostgreSQL with `keys="postgres"`)
+    migrated at start."""
+    database = (
+        postgres_database(procs)
+        if keys == "postgres"
+        else f"sqlite+aiosqlite:///{procs.workdir / name}.db"
+    )
     env = {
         **os.environ,
         "LORAGATE_MODEL": str(model),
         "LORAGATE_SERVED_MODEL_NAME": "tiny",
-        "LORAGATE_DATABASE_URL": f"sqlite+aiosqlite:///{procs.workdir / name}.db",
+        "LORAGATE_DATABASE_URL": database,
         "LORAGATE_KEY_PEPPER": secrets.token_urlsafe(32),
         "LORAGATE_SALT_SECRET": secrets.token_urlsafe(32),
         "LORAGATE_AUTO_MIGRATE": "true",
@@ -124,12 +131,13 @@ def start_gateway(
     redis_url: str,
     migrations: threading.Lock,
     source: Path | None = None,
+    keys: str = "sqlite",
 ) -> tuple[str, str]:
     """A one-worker gateway in HTTP engine mode; returns (url, an inference key). `source`: run
         the gateway code of that checkout instead of this one (PYTHONPATH comes before the editable
         install), e.g. the commit before a change, for a same-run comparison. `migrations`: alembic
     keeps its context in module globals, so two upgrades in one process must not overlap."""
-    env = gateway_env(procs, name, model, [engine_url], redis_url)
+    env = gateway_env(procs, name, model, [engine_url], redis_url, keys=keys)
     if source is None:
         with migrations:
             admin = asyncio.run(bootstrap(env))
@@ -173,6 +181,13 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds")
     parser.add_argument("--no-real-engine", action="store_true")
+    parser.add_argument(
+        "--keys",
+        choices=["sqlite", "postgres"],
+        default="sqlite",
+        help="the gateways' database (keys, policies, usage): a SQLite file, or a fresh database "
+        "on DATABASE_URL's PostgreSQL (else 127.0.0.1:5432)",
+    )
     parser.add_argument(
         "--baseline-src",
         type=Path,
@@ -230,17 +245,31 @@ def main() -> int:
         migrations = threading.Lock()
         with ThreadPoolExecutor(max_workers=2) as pool:
             first = pool.submit(
-                start_gateway, procs, "gw-standin", args.model, standin, redis_url, migrations
+                start_gateway,
+                procs,
+                "gw-standin",
+                args.model,
+                standin,
+                redis_url,
+                migrations,
+                keys=args.keys,
             )
             if args.baseline_src:
                 base = pool.submit(
                     start_gateway, procs, "gw-baseline", args.model, standin, redis_url,
-                    migrations, args.baseline_src.resolve(),
+                    migrations, args.baseline_src.resolve(), keys=args.keys,
                 )  # fmt: skip
             if real:
                 procs.wait_ready(engine_proc, engine + "/health")
                 second = pool.submit(
-                    start_gateway, procs, "gw-engine", args.model, engine, redis_url, migrations
+                    start_gateway,
+                    procs,
+                    "gw-engine",
+                    args.model,
+                    engine,
+                    redis_url,
+                    migrations,
+                    keys=args.keys,
                 )
             gateway, key = first.result()
             standin_targets: dict[str, Target] = {

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 # The start-and-wait helper is the tests' (tests/server_process.py): one for both.
@@ -22,6 +25,7 @@ class Processes:
         self.workdir = workdir
         self.procs: list[subprocess.Popen[bytes]] = []
         self._names: dict[int, str] = {}  # pid -> the name its log is under
+        self.cleanups: list[Callable[[], None]] = []  # run by stop(), after the processes end
 
     def log_path(self, name: str) -> Path:
         return self.workdir / f"{name}.log"
@@ -48,6 +52,29 @@ class Processes:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        for cleanup in reversed(self.cleanups):
+            cleanup()
+
+
+def postgres_database(procs: Processes) -> str:
+    """A fresh database (its SQLAlchemy URL) on DATABASE_URL's server, else the local one on
+    5432 (trust auth, user postgres), dropped when `procs` stops."""
+    import asyncpg
+
+    server = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    server = server.replace("postgresql+asyncpg://", "postgresql://")
+    name = f"lgbench_{uuid.uuid4().hex[:12]}"
+
+    async def execute(sql: str) -> None:
+        conn = await asyncpg.connect(server)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(execute(f'CREATE DATABASE "{name}"'))
+    procs.cleanups.append(lambda: asyncio.run(execute(f'DROP DATABASE IF EXISTS "{name}"')))
+    return server.replace("postgresql://", "postgresql+asyncpg://").rsplit("/", 1)[0] + "/" + name
 
 
 def start_redis(procs: Processes) -> str:

@@ -23,6 +23,7 @@ def summarize(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> d
             "rounds": args.rounds,
             "connections": args.connections,
             "gateway_workers": 1,
+            "keys": args.keys,
             "request": "POST /inference/v1/generate, 32 prompt tokens, 8 new tokens",
         },
     }
