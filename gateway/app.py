@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import signal
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import FrameType
@@ -118,26 +118,26 @@ async def close_state(state: GatewayState) -> None:
 
 @contextlib.contextmanager
 def drain_on_signals(state: GatewayState) -> Iterator[None]:
-    """SIGTERM/SIGINT start the lifecycle's drain, then go on to the server's own handler.
+    """SIGTERM/SIGINT start the lifecycle's drain, and once it has ended go on to the server's
+    own handler (`_drain_then`).
 
     uvicorn, on SIGTERM, stops accepting, waits for the connections still busy and cancels
     them at its own timeout; the app hears of the shutdown only after that. Chaining the
     handler lets every stream in flight get the grace period and then an error event and
-    `[DONE]` (never a cut connection), with its settlement and usage record written. Installed
-    from the lifespan, so it runs in every worker process, after uvicorn's own handlers.
+    `[DONE]` (never a cut connection), with its settlement and usage record written, and keeps
+    the socket listening meanwhile (new requests: 503 `shutting_down`). Installed from the
+    lifespan, so it runs in every worker process, after uvicorn's own handlers.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     loop = asyncio.get_running_loop()
-    grace_s = state.settings.shutdown_grace_s
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def handler(sig: int, frame: FrameType | None) -> None:
-        loop.call_soon_threadsafe(state.lifecycle.begin_drain, grace_s)
         then = previous[signal.Signals(sig)]
-        if callable(then):
-            then(sig, frame)
+        after = (lambda: then(sig, frame)) if callable(then) else (lambda: None)
+        loop.call_soon_threadsafe(_drain_then, state, after)
 
     for sig in previous:
         signal.signal(sig, handler)
@@ -148,13 +148,28 @@ def drain_on_signals(state: GatewayState) -> Iterator[None]:
             signal.signal(sig, then)
 
 
-def begin_drain_threadsafe(app: FastAPI) -> None:
-    """Start the lifecycle's drain from another thread (the main thread's signal handler when
-    uvicorn runs on a thread of its own: `drain_on_signals` then cannot install itself)."""
+def _drain_then(state: GatewayState, then: Callable[[], None]) -> None:
+    """Drain, then `then()` (the server's own shutdown). Until the drain ends (every run in
+    flight done, or stopped at the grace period) the server keeps listening, so a new request
+    gets 503 `shutting_down` and `/ready` 503, which a load balancer retries elsewhere, rather
+    than a refused connection. A second signal, with the drain under way, goes on at once."""
+    if state.lifecycle.is_draining:
+        then()
+        return
+    drain = state.lifecycle.begin_drain(state.settings.shutdown_grace_s)
+    drain.add_done_callback(lambda _: then())
+
+
+def drain_then_threadsafe(app: FastAPI, then: Callable[[], None]) -> None:
+    """`_drain_then` from another thread (the main thread's signal handler when uvicorn runs on
+    a thread of its own: `drain_on_signals` then cannot install itself). Before the app has
+    started there is nothing to drain: `then()` at once."""
     state: GatewayState | None = getattr(app.state, "gateway", None)
     loop: asyncio.AbstractEventLoop | None = getattr(app.state, "loop", None)
-    if state is not None and loop is not None:
-        loop.call_soon_threadsafe(state.lifecycle.begin_drain, state.settings.shutdown_grace_s)
+    if state is None or loop is None:
+        then()
+        return
+    loop.call_soon_threadsafe(_drain_then, state, then)
 
 
 def create_app(

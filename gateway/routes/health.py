@@ -62,7 +62,7 @@ async def _check(probe: Coroutine[None, None, bool]) -> bool:
 @router.get("/ready", response_model=None)
 async def ready(state: StateDep) -> Response:
     """`checks`: each dependency this gateway uses; one not configured is `null` and does not
-    count (no Redis in the embedded mode)."""
+    count (no Redis in the embedded mode). `status` is `draining` (503) once shutdown began."""
     uses_redis = state.tenancy.redis is not None
     database, schema, redis = await asyncio.gather(
         _check(_database_ok(state)),
@@ -81,8 +81,11 @@ async def ready(state: StateDep) -> Response:
         "engines": any(engines.values()),
     }
     ok = all(value for value in checks.values() if value is not None)
+    # Draining (SIGTERM): not ready, so the balancer stops sending while requests in flight end.
+    status = "draining" if state.lifecycle.is_draining else "ready" if ok else "not ready"
+    ok = ok and not state.lifecycle.is_draining
     return JSONResponse(
-        {"status": "ready" if ok else "not ready", "checks": checks, "engines": engines},
+        {"status": status, "checks": checks, "engines": engines},
         status_code=200 if ok else 503,
     )
 

@@ -77,7 +77,7 @@ def uvicorn_options(settings: GatewaySettings, *, log_level: str) -> dict[str, A
 def run_server(settings: GatewaySettings, *, host: str, port: int, log_level: str) -> None:
     import uvicorn
 
-    from gateway.app import begin_drain_threadsafe, create_app
+    from gateway.app import create_app, drain_then_threadsafe
 
     if settings.engine_mode != "inprocess":
         uvicorn.run(
@@ -99,9 +99,9 @@ def run_server(settings: GatewaySettings, *, host: str, port: int, log_level: st
 
     def on_signal(sig: int, frame: FrameType | None) -> None:
         # As drain_on_signals does on the main thread: the lifecycle's drain first (every
-        # stream gets the grace period and a clean end), then uvicorn's own shutdown.
-        begin_drain_threadsafe(app)
-        server.handle_exit(sig, frame)
+        # stream gets the grace period and a clean end, new requests a 503 while the socket
+        # still listens), then uvicorn's own shutdown.
+        drain_then_threadsafe(app, lambda: server.handle_exit(sig, frame))
 
     embedded.serve(server, on_signal)
 
