@@ -36,6 +36,10 @@ class ChatJob(BodyJob):
         if not prompt:
             raise BadRequest("The messages render to an empty prompt.", param="messages")
         top = body.top_logprobs or 0
+        # A 400 about max tokens names the field the client used.
+        named = (
+            {} if body.max_completion_tokens is None else {"max_tokens": "max_completion_tokens"}
+        )
         sampling = text_sampling(
             planner,
             body,
@@ -43,7 +47,7 @@ class ChatJob(BodyJob):
             prompt_param="messages",
             max_tokens=body.requested_max_tokens,
             logprobs=top if body.logprobs else None,
-            aliases={"logprobs": "top_logprobs"},
+            aliases={"logprobs": "top_logprobs", **named},
             constraint=constraint,
         )
         params = sampling.params

@@ -66,6 +66,11 @@ TEXT = "Count the stars."
     [
         (CHAT, {"messages": [{"role": "user", "content": TEXT}], "n": 4, "max_tokens": 100}, "n"),
         (CHAT, {"messages": [{"role": "user", "content": TEXT}], "max_tokens": 250}, "max_tokens"),
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": TEXT}], "max_completion_tokens": 250},
+            "max_completion_tokens",
+        ),
         (COMPLETIONS, {"prompt": TEXT, "n": 3, "max_tokens": 80}, "n"),
         (COMPLETIONS, {"prompt": TEXT, "max_tokens": 252}, "max_tokens"),
         (COMPLETIONS, {"prompt": [TEXT, TEXT], "max_tokens": 125}, "max_tokens"),
