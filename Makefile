@@ -9,7 +9,7 @@ MODEL_DIR ?= .cache/models
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: install run test browser-deps test-slow test-chaos test-gpu test-vllm vllm-venv lint format bench bench-quick engine clean
+.PHONY: install run test browser-deps test-slow test-chaos test-gpu test-vllm vllm-venv litellm-venv lint format bench bench-quick engine clean
 
 # Install order matters: the CPU torch first, then everything else with torch pinned, or pip
 # resolves a CUDA build and gigabytes of CUDA packages.
@@ -87,6 +87,19 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 vllm-venv: $(VLLM_STAMP)
+
+# LiteLLM's proxy, the gateway benchmark's peer (bench/gateway_litellm.py), in a venv of its own.
+# 1.106.12: the newest whose [proxy] extra resolves from PyPI here (1.108-1.110 pin
+# litellm-proxy-extras releases that are not published).
+LITELLM_VENV := .cache/litellm-venv
+LITELLM_STAMP := $(LITELLM_VENV)/.installed
+$(LITELLM_STAMP):
+	rm -rf $(LITELLM_VENV)
+	$(PY) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip install -q 'litellm[proxy]==1.106.12'
+	touch $(LITELLM_STAMP)
+
+litellm-venv: $(LITELLM_STAMP)
 
 # The gpu-marked tests (Triton kernels compiled for the GPU, the engine on CUDA against
 # transformers and PEFT): only where a CUDA device is present; CI has none.

@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from gateway_litellm import missing_reason as litellm_missing
+from gateway_litellm import start_litellm
 from gateway_processes import Processes, free_port, postgres_database, start_redis
 from gateway_report import print_table, summarize
 from gateway_wrk import Target, measure
@@ -194,6 +196,13 @@ def main() -> int:
         help="also measure a gateway running the code of this checkout (e.g. `git worktree add "
         "DIR <commit>`), on the stand-in, interleaved with this code's",
     )
+    parser.add_argument(
+        "--litellm",
+        choices=["auto", "off", "required"],
+        default="auto",
+        help="LiteLLM's proxy (plain and with Redis) on the same stand-in, chat completions, in "
+        "the same rounds: auto when its venv exists (`make litellm-venv`)",
+    )
     parser.add_argument("--standin", type=int, help=argparse.SUPPRESS)  # the fixture process
     args = parser.parse_args()
     if args.standin:
@@ -204,6 +213,11 @@ def main() -> int:
     if shutil.which("wrk") is None:
         print("wrk is not installed: apt-get update && apt-get install -y wrk", file=sys.stderr)
         return 2
+    use_litellm = args.litellm != "off" and litellm_missing() is None
+    if args.litellm == "required" and not use_litellm:
+        raise SystemExit(litellm_missing())
+    if args.litellm == "auto" and not use_litellm:
+        print(f"no LiteLLM rows: {litellm_missing()}", file=sys.stderr)
     args.duration = args.duration or (3 if args.quick else 10)
     args.rounds = args.rounds or (1 if args.quick else 3)
     if not (args.model / "config.json").is_file():
@@ -273,22 +287,32 @@ def main() -> int:
                 )
             gateway, key = first.result()
             standin_targets: dict[str, Target] = {
-                "stand-in direct": (standin, None, False),
-                "stand-in via gateway": (gateway, key, False),
+                "stand-in direct": Target(standin, None, False),
+                "stand-in via gateway": Target(gateway, key, False),
             }
             if args.baseline_src:
-                standin_targets["stand-in via baseline gateway"] = (*base.result(), False)
+                standin_targets["stand-in via baseline gateway"] = Target(*base.result(), False)
             if real:
                 gateway2, key2 = second.result()
+        if use_litellm:
+            # The same work as OpenAI chat completions, through our gateway and LiteLLM's.
+            plain = start_litellm(procs, "litellm", standin)
+            with_redis = start_litellm(procs, "litellm-redis", standin, redis_url)
+            standin_targets |= {
+                "chat: stand-in direct": Target(standin, None, False, "chat"),
+                "chat: via gateway": Target(gateway, key, False, "chat"),
+                "chat: via LiteLLM": Target(plain.url, plain.key, False, "chat"),
+                "chat: via LiteLLM + Redis": Target(with_redis.url, with_redis.key, False, "chat"),
+            }
         print(f"started in {time.monotonic() - started:.1f}s", file=sys.stderr)
         results.update(measure(standin_targets, args, workdir))
         if real:
             targets: dict[str, Target] = {
-                "tiny engine direct, streamed": (engine, None, True),
-                "tiny engine via gateway": (gateway2, key2, False),
+                "tiny engine direct, streamed": Target(engine, None, True),
+                "tiny engine via gateway": Target(gateway2, key2, False),
             }
             if not args.quick:
-                targets["tiny engine direct"] = (engine, None, False)
+                targets["tiny engine direct"] = Target(engine, None, False)
             results.update(measure(targets, args, workdir))
     finally:
         procs.stop()

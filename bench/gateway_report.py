@@ -24,6 +24,7 @@ def summarize(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> d
             "connections": args.connections,
             "gateway_workers": 1,
             "keys": args.keys,
+            "litellm": args.litellm,
             "request": "POST /inference/v1/generate, 32 prompt tokens, 8 new tokens",
         },
     }
@@ -40,6 +41,22 @@ def summarize(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> d
             # > 1: this code adds more than the baseline / serves fewer requests per second.
             "ratio_added_p50": round(report["added_ms"]["p50"] / base_added, 3),
             "ratio_rps": round(via["rps"] / base["rps"], 3),
+        }
+    if "chat: via LiteLLM" in results:
+        chat_direct, chat_via = results["chat: stand-in direct"], results["chat: via gateway"]
+        peers = {"litellm": results["chat: via LiteLLM"],
+                 "litellm_redis": results["chat: via LiteLLM + Redis"]}  # fmt: skip
+        report["chat"] = {
+            "added_ms": {"p50": round(chat_via["p50_ms"] - chat_direct["p50_ms"], 3)},
+            "rps_per_worker": round(chat_via["rps"], 1),
+            **{f"{name}_added_ms": {"p50": round(r["p50_ms"] - chat_direct["p50_ms"], 3)}
+               for name, r in peers.items()},
+            **{f"{name}_rps": round(r["rps"], 1) for name, r in peers.items()},
+        }  # fmt: skip
+        # Above 1: loragate serves more chat completions per second than LiteLLM, one worker each.
+        report["ratios"] = {
+            "vs_litellm": round(chat_via["rps"] / peers["litellm"]["rps"], 2),
+            "vs_litellm_redis": round(chat_via["rps"] / peers["litellm_redis"]["rps"], 2),
         }
     if "tiny engine via gateway" in results:
         via = results["tiny engine via gateway"]
@@ -76,6 +93,15 @@ def print_table(results: dict[str, dict[str, Any]], report: dict[str, Any]) -> N
             f"baseline gateway ({b['source']}): p50 {b['added_ms']['p50']:.3f} ms added, "
             f"{b['rps_per_worker']:.0f} req/s; this code / baseline: added p50 x"
             f"{b['ratio_added_p50']:.3f}, req/s x{b['ratio_rps']:.3f}"
+        )
+    if "chat" in report:
+        c, r = report["chat"], report["ratios"]
+        print(
+            f"chat completions, one worker each: loragate {c['rps_per_worker']:.0f} req/s "
+            f"(p50 {c['added_ms']['p50']:.3f} ms added), LiteLLM {c['litellm_rps']:.0f} "
+            f"({c['litellm_added_ms']['p50']:.3f} ms), LiteLLM + Redis {c['litellm_redis_rps']:.0f} "
+            f"({c['litellm_redis_added_ms']['p50']:.3f} ms): vs LiteLLM {r['vs_litellm']:.2f}x, "
+            f"vs LiteLLM + Redis {r['vs_litellm_redis']:.2f}x"
         )
     if "tiny_engine" in report:
         t = report["tiny_engine"]

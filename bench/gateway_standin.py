@@ -1,7 +1,8 @@
 """The engine stand-in of `bench/gateway_overhead.py`: a BENCHMARK FIXTURE ONLY, never a test
 double. It answers the tokens-only protocol (docs/tokens-api.md) instantly, with `max_tokens`
-copies of one token, so the benchmark measures the gateway's own cost. A raw asyncio HTTP/1.1
-server, so the stand-in itself costs next to nothing.
+copies of one token, so the benchmark measures the gateway's own cost; and OpenAI's chat
+completions (`/v1/chat/completions`, whole answers), the upstream LiteLLM's proxy calls in the
+same benchmark. A raw asyncio HTTP/1.1 server, so the stand-in itself costs next to nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ def _standin_reply(method: str, path: str, body: bytes) -> tuple[str, str, bytes
         return "200 OK", "application/json", b'{"status":"ok","object":"list","data":[]}'
     if path == "/abort_requests":
         return "200 OK", "application/json", b""
+    if method == "POST" and path == "/v1/chat/completions":
+        return _chat_reply(json.loads(body))
     if method != "POST" or path != "/inference/v1/generate":
         return "404 Not Found", "application/json", b'{"error":{"message":"not found"}}'
     request = json.loads(body)
@@ -39,6 +42,32 @@ def _standin_reply(method: str, path: str, body: bytes) -> tuple[str, str, bytes
         "data: [DONE]\n\n"
     )
     return "200 OK", "text/event-stream", events.encode()
+
+
+def _chat_reply(request: dict[str, object]) -> tuple[str, str, bytes]:
+    """A whole chat completion of `max_tokens` words, whatever the messages say."""
+    max_tokens = request.get("max_tokens") or 16
+    if not isinstance(max_tokens, int):
+        return "400 Bad Request", "application/json", b'{"error":{"message":"max_tokens"}}'
+    answer = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": 0,
+        "model": request.get("model", "standin"),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": " word" * max_tokens},
+                "finish_reason": "length",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 32,
+            "completion_tokens": max_tokens,
+            "total_tokens": 32 + max_tokens,
+        },
+    }
+    return "200 OK", "application/json", json.dumps(answer).encode()
 
 
 async def _standin_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

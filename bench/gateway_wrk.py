@@ -13,9 +13,19 @@ import uuid
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 BODY = {"token_ids": list(range(100, 132)), "sampling_params": {"max_tokens": 8, "temperature": 0}}
+# The same work through OpenAI's chat API (what LiteLLM's proxy serves): a short user message,
+# 8 new tokens, the model every stand-in route and gateway names "tiny".
+CHAT_BODY = {
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "Say something short about the sea and the sky."}],
+    "max_tokens": 8,
+    "temperature": 0,
+}
+PATHS = {"tokens": "/inference/v1/generate", "chat": "/v1/chat/completions"}
+BODIES: dict[str, dict[str, Any]] = {"tokens": BODY, "chat": CHAT_BODY}
 
 
 @dataclass
@@ -44,12 +54,13 @@ def run_wrk(
     duration_s: int,
     workdir: Path,
     stream: bool = False,
+    api: str = "tokens",
 ) -> WrkResult:
     script = workdir / f"wrk-{uuid.uuid4().hex[:6]}.lua"
     headers = f'wrk.headers["Authorization"] = "Bearer {key}"\n' if key else ""
     script.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f"{headers}wrk.body = [[{json.dumps({**BODY, 'stream': stream})}]]\n"
+        f"{headers}wrk.body = [[{json.dumps({**BODIES[api], 'stream': stream})}]]\n"
     )
     script.chmod(0o600)
     out = subprocess.run(
@@ -61,7 +72,7 @@ def run_wrk(
             "--latency",
             "-s",
             str(script),
-            url + "/inference/v1/generate",
+            url + PATHS[api],
         ],
         capture_output=True,
         text=True,
@@ -76,7 +87,11 @@ def run_wrk(
     return WrkResult(_ms(latency["50"]), _ms(latency["99"]), rps, int(errors[1]) if errors else 0)
 
 
-Target = tuple[str, str | None, bool]  # url, key, stream
+class Target(NamedTuple):
+    url: str
+    key: str | None
+    stream: bool
+    api: str = "tokens"  # tokens | chat (PATHS)
 
 
 def measure(
@@ -85,11 +100,11 @@ def measure(
     """Interleaved rounds (each target once per round, latency then load); medians over rounds,
     so a burst of load from other processes hits every target alike."""
     rounds: dict[str, list[tuple[WrkResult, WrkResult]]] = {name: [] for name in targets}
-    for url, key, stream in targets.values():
-        run_wrk(url, key, connections=4, duration_s=1, workdir=workdir, stream=stream)  # warm-up
+    for url, key, stream, api in targets.values():
+        run_wrk(url, key, connections=4, duration_s=1, workdir=workdir, stream=stream, api=api)
     for _ in range(args.rounds):
-        for name, (url, key, stream) in targets.items():
-            run = partial(run_wrk, url, key, workdir=workdir, stream=stream)
+        for name, (url, key, stream, api) in targets.items():
+            run = partial(run_wrk, url, key, workdir=workdir, stream=stream, api=api)
             latency = run(connections=1, duration_s=args.duration)
             load = run(connections=args.connections, duration_s=args.duration)
             rounds[name].append((latency, load))

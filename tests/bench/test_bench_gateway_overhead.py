@@ -43,13 +43,40 @@ def test_wrk_output_is_parsed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     assert not list(tmp_path.iterdir())  # the script holding the key is gone
 
 
+def test_a_chat_target_posts_the_chat_body_to_the_chat_route(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """LiteLLM's proxy and our gateway are compared on OpenAI chat completions."""
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    import gateway_wrk
+
+    seen: dict[str, str] = {}
+
+    class Done:
+        stdout = WRK_OUTPUT
+
+    def run(argv: list[str], **_: object) -> Done:
+        seen["url"], seen["script"] = argv[-1], Path(argv[argv.index("-s") + 1]).read_text()
+        return Done()
+
+    monkeypatch.setattr(gateway_wrk.subprocess, "run", run)
+    gateway_wrk.run_wrk(
+        "http://127.0.0.1:1", "k", connections=1, duration_s=3, workdir=tmp_path, api="chat"
+    )
+    assert seen["url"] == "http://127.0.0.1:1/v1/chat/completions"
+    body = json.loads(seen["script"].split("wrk.body = [[", 1)[1].split("]]", 1)[0])
+    assert body["messages"][0]["role"] == "user" and body["max_tokens"] == 8
+    assert body["stream"] is False and "token_ids" not in body
+
+
 @pytest.mark.slow
 def test_quick_run_writes_the_json(tiny_model_dir: Path, tmp_path: Path) -> None:
     if shutil.which("wrk") is None:
         pytest.skip("wrk is not installed: apt-get update && apt-get install -y wrk")
     out = tmp_path / "gateway_overhead.json"
     subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--model", str(tiny_model_dir), "--json", str(out)],
+        [sys.executable, str(BENCH), "--quick", "--model", str(tiny_model_dir), "--json", str(out),
+         "--litellm", "off"],
         check=True, timeout=120,
     )  # fmt: skip
     report = json.loads(out.read_text())
