@@ -19,15 +19,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import statistics
-import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+# The hog is the tests' (tests/cpu_hog.py); the checkout ahead of tests/ (its folders would
+# otherwise be found as namespace packages before the installed ones).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import engine_run
+from cpu_hog import cpu_hog
 from fresh_process import in_fresh_process
 from plan import FULL, QUICK, WARMUP, ensure_model
 from report import load_average, write_record
@@ -48,22 +51,6 @@ class Start:
     sources: dict[str, str]  # choice name -> timed | saved | fixed
     busy_cores_at_start: float | None  # other processes' load while the engine was built
     tokens_per_s: float
-
-
-@contextmanager
-def cpu_hog() -> Iterator[None]:
-    """A process spinning on every core this process may use, killed on the way out."""
-    hogs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for _ in range(available_cores())
-    ]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-        for hog in hogs:
-            hog.wait()
 
 
 def one_start(condition: str, model_dir: Path, dtype: str, tuning_file: Path, quick: bool) -> Start:

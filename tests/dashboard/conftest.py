@@ -7,6 +7,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -37,3 +38,11 @@ async def gateway(
     settings = gateway_settings(tiny_model_dir, tmp_path_factory.mktemp("dashboard"))
     async with running_gateway(settings, secret_scan) as gw:
         yield gw
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def browser(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of its own (its own cookie jar), like one browser, on the module's gateway."""
+    transport = gateway.client._transport
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        yield client

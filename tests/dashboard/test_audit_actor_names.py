@@ -3,24 +3,14 @@ key's name, with the raw actor kept on the cell (`data-actor`, and its title on 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import pytest
-import pytest_asyncio
 from gateway_harness import Gateway
 from pages import login
 
 from tenancy.auth.scopes import Scope
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def browser(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    transport = gateway.client._transport
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
-        yield client
 
 
 async def test_the_audit_table_names_the_key(gateway: Gateway, browser: httpx.AsyncClient) -> None:

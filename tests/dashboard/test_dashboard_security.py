@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-import pytest_asyncio
 from gateway_harness import ADMIN_CTX, Gateway, TenantKey
 from itsdangerous import URLSafeTimedSerializer
 from pages import csrf_of, login
@@ -21,14 +19,6 @@ from tenancy.auth.scopes import Scope
 from tenancy.crud.keys import revoke_key
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def browser(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    """A client of its own (its own cookie jar), like one browser."""
-    transport = gateway.client._transport
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
-        yield client
 
 
 async def _tenant_admin(gateway: Gateway, **limits: int) -> TenantKey:

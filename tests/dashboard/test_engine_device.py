@@ -5,11 +5,9 @@ poller alike), and the page names the slot tier by it."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-import pytest_asyncio
 from gateway_harness import ADMIN_CTX, Gateway
 from pages import login
 
@@ -18,13 +16,6 @@ from gateway.engines.replicas import engine_device
 from gateway.engines.status import engine_status
 from tenancy.auth.scopes import Scope
 from tenancy.crud.adapters import register_adapter
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def browser(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    transport = gateway.client._transport
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
-        yield client
 
 
 @pytest.mark.asyncio(loop_scope="module")

@@ -5,11 +5,9 @@ know the label) can be mapped to tenant names."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-import pytest_asyncio
 from gateway_harness import MODEL, Gateway
 from pages import login
 
@@ -18,13 +16,6 @@ from tenancy.auth.scopes import Scope
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SERIES = re.compile(r"^loragate_gateway_requests_total\{(.*)\} ", re.MULTILINE)
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def browser(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    transport = gateway.client._transport
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
-        yield client
 
 
 async def _tenant_labels(gateway: Gateway) -> set[str]:

@@ -14,14 +14,11 @@ import dataclasses
 import json
 import logging
 import os
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+from cpu_hog import cpu_hog
 
 from engine.config import EngineConfig
 from engine.loop.llm_engine import LLMEngine
@@ -228,22 +225,6 @@ def test_metrics_show_each_choice(tmp_path: Path) -> None:
 
 
 # ---- the acceptance test: ten starts, five beside a CPU hog ---------------------------------
-
-
-@contextmanager
-def cpu_hog() -> Iterator[None]:
-    """A process spinning on every core this process may use, killed on the way out."""
-    hogs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for _ in range(available_cores())
-    ]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-        for hog in hogs:
-            hog.wait()
 
 
 def _start(model_dir: Path, tuning_file: Path, threads: int) -> dict[str, StartupChoice]:
