@@ -4,9 +4,9 @@ A single server gets a blocking pool, so bursts wait for a connection instead of
 connections reconnect and resend a command that failed on a dead connection: after a Redis restart
 every pooled connection to the old server is dead, and without the retry each one failed its next
 command with a 503, one by one, minutes after Redis was back (issue 45). Only connection errors are
-retried, where a restarted server never saw the command; a connection lost mid-reply on a live
-server can replay an admission, which the script refuses as a duplicate request id (that request
-fails; its lease expires after `lease_ttl_s`). Settlement is idempotent.
+retried; a connection lost mid-reply on a live server can replay an admission, which the script
+answers with the admission it already made (tenancy/quota/lua.py), counting nothing twice.
+Settlement is idempotent.
 
 A cluster client keeps a pool per node and follows slot moves; the quota store puts every key one
 Lua script touches in one hash slot (tenancy/quota/redis_store.py), and the revocation channel uses

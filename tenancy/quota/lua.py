@@ -8,7 +8,8 @@ Key layout per subject (6 keys, in this order):
   lease  ZSET  request id -> lease expiry (s)     concurrency leases
   day    STR   tokens charged this UTC day
   month  STR   tokens charged this UTC month
-plus, first of all, a marker key per request (exists from admission until settlement).
+plus, first of all, a marker key per request (exists from admission until settlement): an
+admission replayed while it exists answers admitted again and counts nothing.
 Every key of one call carries the same hash tag (quota_redis.py), so a Redis Cluster runs the
 script on one slot.
 Times come from the caller's clock, so replicas must keep NTP time; skew only moves window edges.
@@ -45,10 +46,6 @@ local to_month_end = tonumber(ARGV[7])
 local marker_ttl = tonumber(ARGV[8])
 local n = tonumber(ARGV[9])
 
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return redis.error_reply('duplicate request id')
-end
-
 local function oldest_reset_ms(win)
   local first = redis.call('ZRANGE', win, 0, 0, 'WITHSCORES')
   if #first == 0 then return 0 end
@@ -73,6 +70,14 @@ local function states()
     local reset = oldest_reset_ms(KEYS[i])
     table.insert(out, count); table.insert(out, sum); table.insert(out, reset)
   end
+  return out
+end
+
+-- A replay: this request id is admitted and not yet settled (the caller resent the call after
+-- losing its reply on a dropped connection). The admission stands; nothing is counted twice.
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local out = {1}
+  for _, v in ipairs(states()) do table.insert(out, v) end
   return out
 end
 

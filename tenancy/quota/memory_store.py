@@ -105,8 +105,8 @@ class InProcessQuotaStore:
         self, *, request_id: RequestId, subjects: list[QuotaSubject], reserve_tokens: int
     ) -> Admission:
         with self._lock:
-            if request_id in self._pending:
-                raise ValueError("duplicate request id")
+            if (replayed := self._pending.get(request_id)) is not None:
+                return replayed  # as the Redis store: a replayed admission stands, counted once
             now = self._clock()
             while self._pending_order and self._pending_order[0][0] <= now - PENDING_TTL_S:
                 self._pending.pop(self._pending_order.popleft()[1], None)

@@ -17,7 +17,7 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError
 
 from tenancy.errors import QuotaStoreUnavailable
 from tenancy.ids import RequestId
@@ -120,10 +120,6 @@ class RedisQuotaStore:
         try:
             await self._write_index(group, subjects)
             reply = await self._admit(self._client, keys, args)
-        except ResponseError as exc:
-            if "duplicate request id" in str(exc):
-                raise ValueError("duplicate request id") from exc
-            raise QuotaStoreUnavailable() from exc
         except (RedisError, OSError) as exc:
             raise QuotaStoreUnavailable() from exc
         assert isinstance(reply, list)

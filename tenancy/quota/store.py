@@ -189,7 +189,10 @@ class QuotaStore(Protocol):
     async def admit(
         self, *, request_id: RequestId, subjects: list[QuotaSubject], reserve_tokens: int
     ) -> Admission:
-        """Reserve for every subject at once, or raise QuotaExceeded having reserved nothing."""
+        """Reserve for every subject at once, or raise QuotaExceeded having reserved nothing.
+        Admitting a request id again before it is settled returns its admission and reserves
+        nothing more: a call resent after a lost reply (tenancy/redis_client.py retries on a
+        dropped connection) must not charge twice or fail a request already admitted."""
         ...
 
     async def settle(self, admission: Admission, *, used_tokens: int) -> None:

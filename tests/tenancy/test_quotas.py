@@ -251,3 +251,21 @@ async def test_script_reloads_after_script_flush(
     await store.admit(request_id=rid(), subjects=[subject], reserve_tokens=1)
     assert (await store.usage(subject.key)).num_requests == 2
     await store.close()
+
+
+async def test_a_replayed_admission_stands_and_counts_once(make_store: MakeStore) -> None:
+    """A client that lost the reply resends the same call (tenancy/redis_client.py retries on a
+    dropped connection): the second admit answers admitted, charges nothing more, and the one
+    settlement ends the one lease (it was a 500 and a reservation never refunded before)."""
+    clock = FakeClock()
+    store = await make_store(clock, 30.0)
+    subject = tenant(requests_per_minute=10, daily_token_budget=1000, max_concurrent=5)
+    request_id = rid()
+    first = await store.admit(request_id=request_id, subjects=[subject], reserve_tokens=300)
+    again = await store.admit(request_id=request_id, subjects=[subject], reserve_tokens=300)
+    assert again.request_id == first.request_id and again.reserved_tokens == 300
+    usage = await store.usage(subject.key)
+    assert (usage.num_requests, usage.num_leases, usage.day_tokens) == (1, 1, 300)
+    await store.settle(again, used_tokens=120)
+    usage = await store.usage(subject.key)
+    assert (usage.num_requests, usage.num_leases, usage.day_tokens) == (1, 0, 120)
