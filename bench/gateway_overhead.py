@@ -77,10 +77,11 @@ def gateway_env(
     redis_url: str,
     engine_kind: str | None = None,
     keys: str = "sqlite",
+    stack: str | None = None,
 ) -> dict[str, str]:
     """A gateway process's environment: HTTP engine mode over `engine_urls`, Redis quotas under
     a key prefix of its own, a fresh database (SQLite, or PostgreSQL with `keys="postgres"`)
-    migrated at start."""
+    migrated at start; `stack` ("PARSER/LOOP", e.g. "httptools/uvloop") sets its HTTP stack."""
     database = (
         postgres_database(procs)
         if keys == "postgres"
@@ -102,6 +103,8 @@ def gateway_env(
     }
     if engine_kind is not None:
         env["LORAGATE_ENGINE_KIND"] = engine_kind
+    if stack is not None:
+        env["LORAGATE_HTTP_PARSER"], env["LORAGATE_EVENT_LOOP"] = stack.split("/")
     return env
 
 
@@ -134,12 +137,13 @@ def start_gateway(
     migrations: threading.Lock,
     source: Path | None = None,
     keys: str = "sqlite",
+    stack: str | None = None,
 ) -> tuple[str, str]:
     """A one-worker gateway in HTTP engine mode; returns (url, an inference key). `source`: run
         the gateway code of that checkout instead of this one (PYTHONPATH comes before the editable
         install), e.g. the commit before a change, for a same-run comparison. `migrations`: alembic
     keeps its context in module globals, so two upgrades in one process must not overlap."""
-    env = gateway_env(procs, name, model, [engine_url], redis_url, keys=keys)
+    env = gateway_env(procs, name, model, [engine_url], redis_url, keys=keys, stack=stack)
     if source is None:
         with migrations:
             admin = asyncio.run(bootstrap(env))
@@ -195,6 +199,13 @@ def main() -> int:
         type=Path,
         help="also measure a gateway running the code of this checkout (e.g. `git worktree add "
         "DIR <commit>`), on the stand-in, interleaved with this code's",
+    )
+    parser.add_argument(
+        "--stacks",
+        type=lambda text: [s for s in text.split(",") if s],
+        default=[],
+        help="more gateways on the stand-in, one per HTTP stack PARSER/LOOP (e.g. "
+        "httptools/uvloop,h11/uvloop), in the same rounds as the default one",
     )
     parser.add_argument(
         "--litellm",
@@ -268,6 +279,13 @@ def main() -> int:
                 migrations,
                 keys=args.keys,
             )
+            stacks = {
+                stack: pool.submit(
+                    start_gateway, procs, f"gw-{stack.replace('/', '-')}", args.model, standin,
+                    redis_url, migrations, keys=args.keys, stack=stack,
+                )
+                for stack in args.stacks
+            }  # fmt: skip
             if args.baseline_src:
                 base = pool.submit(
                     start_gateway, procs, "gw-baseline", args.model, standin, redis_url,
@@ -290,6 +308,10 @@ def main() -> int:
                 "stand-in direct": Target(standin, None, False),
                 "stand-in via gateway": Target(gateway, key, False),
             }
+            for stack, started_gateway in stacks.items():
+                standin_targets[f"stand-in via gateway [{stack}]"] = Target(
+                    *started_gateway.result(), False
+                )
             if args.baseline_src:
                 standin_targets["stand-in via baseline gateway"] = Target(*base.result(), False)
             if real:

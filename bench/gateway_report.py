@@ -42,6 +42,21 @@ def summarize(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> d
             "ratio_added_p50": round(report["added_ms"]["p50"] / base_added, 3),
             "ratio_rps": round(via["rps"] / base["rps"], 3),
         }
+    stacks = {
+        name.split("[", 1)[1].rstrip("]"): r
+        for name, r in results.items()
+        if name.startswith("stand-in via gateway [")
+    }
+    if stacks:  # the gateway on other HTTP stacks (--stacks), the same request and rounds
+        report["stacks"] = {
+            stack: {
+                "added_ms": {"p50": round(r["p50_ms"] - direct["p50_ms"], 3),
+                             "p99": round(r["p99_ms"] - direct["p99_ms"], 3)},
+                "rps_per_worker": round(r["rps"], 1),
+                "ratio_rps": round(r["rps"] / via["rps"], 3),  # over the default stack's
+            }
+            for stack, r in stacks.items()
+        }  # fmt: skip
     if "chat: via LiteLLM" in results:
         chat_direct, chat_via = results["chat: stand-in direct"], results["chat: via gateway"]
         peers = {"litellm": results["chat: via LiteLLM"],
@@ -77,10 +92,10 @@ def summarize(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> d
 
 
 def print_table(results: dict[str, dict[str, Any]], report: dict[str, Any]) -> None:
-    print(f"\n{'run':<34}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}{'errors':>8}")
+    print(f"\n{'run':<42}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}{'errors':>8}")
     for name, r in results.items():
         print(
-            f"{name:<34}{r['p50_ms']:>10.3f}{r['p99_ms']:>10.3f}{r['rps']:>10.1f}{r['errors']:>8}"
+            f"{name:<42}{r['p50_ms']:>10.3f}{r['p99_ms']:>10.3f}{r['rps']:>10.1f}{r['errors']:>8}"
         )
     added = report["added_ms"]
     print(
@@ -93,6 +108,11 @@ def print_table(results: dict[str, dict[str, Any]], report: dict[str, Any]) -> N
             f"baseline gateway ({b['source']}): p50 {b['added_ms']['p50']:.3f} ms added, "
             f"{b['rps_per_worker']:.0f} req/s; this code / baseline: added p50 x"
             f"{b['ratio_added_p50']:.3f}, req/s x{b['ratio_rps']:.3f}"
+        )
+    for stack, r in report.get("stacks", {}).items():
+        print(
+            f"gateway on {stack}: p50 {r['added_ms']['p50']:.3f} ms added, "
+            f"{r['rps_per_worker']:.0f} req/s (x{r['ratio_rps']:.3f} the default stack's)"
         )
     if "chat" in report:
         c, r = report["chat"], report["ratios"]

@@ -1,90 +1,52 @@
-"""uvicorn's h11 protocol with the limits a server facing clients needs and uvicorn lacks.
-
-uvicorn bounds idle keep-alive connections, but not how long a client may take to send a request
-head or body, nor how many connections one client holds: a client dribbling header bytes keeps
-its connection (and a slot of the process) forever, and a few thousand of them starve everyone
-else. Here:
-
-- the request head must arrive within `header_timeout_s` of its first byte (of the connection,
-  for the first request), and the body within `body_timeout_s` of the head; past that the
-  client gets a 408 (if nothing was sent yet) and the connection closes;
-- one client address holds at most `max_per_client` connections; more are closed at once.
-
-A reverse proxy in front (nginx `client_header_timeout`, `client_body_timeout`, `limit_conn`)
-should enforce its own limits too: these are the last line, per process.
-"""
+"""uvicorn's HTTP protocols (h11 and httptools) wired to the connection guard (gateway/server/
+guard.py: head and body deadlines, connections per client). Each subclass only translates its
+parser's events into the guard's four; the limits themselves live in the guard, so they hold
+whichever parser serves (`LORAGATE_HTTP_PARSER`)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
-from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-log = logging.getLogger(__name__)
-
-_TIMEOUT_BODY = json.dumps(
-    {
-        "error": {
-            "message": "The request was not received in time.",
-            "type": "invalid_request_error",
-            "param": None,
-            "code": "request_timeout",
-        }
-    }
-).encode()
-_TIMEOUT_RESPONSE = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-    b"content-length: " + str(len(_TIMEOUT_BODY)).encode() + b"\r\n\r\n" + _TIMEOUT_BODY
-)
+from gateway.server.guard import ConnectionGuard, ConnectionLimits
 
 
-@dataclass
-class ConnectionLimits:
-    """Per process (each worker gets its own copy): the limits and the live count per client."""
+def _guard(
+    protocol: Any, limits: ConnectionLimits, transport: asyncio.Transport
+) -> ConnectionGuard:
+    def response_started() -> bool:
+        return protocol.cycle is not None and bool(protocol.cycle.response_started)
 
-    header_timeout_s: float
-    body_timeout_s: float
-    max_per_client: int
-    open_by_client: Counter[str] = field(default_factory=Counter)
+    return ConnectionGuard(limits, protocol.loop, transport, response_started)
+
+
+def _host(protocol: Any) -> str:
+    return protocol.client[0] if protocol.client else "unknown"
 
 
 class GuardedH11Protocol(H11Protocol):
     def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._limits = limits
-        self._deadline: asyncio.TimerHandle | None = None
-        self._phase = ""  # "head" or "body" while a deadline runs
-        self._counted: str | None = None  # the client address this connection counts for
+        self._guard: ConnectionGuard | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        host = self.client[0] if self.client else "unknown"
-        if self._limits.open_by_client[host] >= self._limits.max_per_client:
-            log.info("closed a connection: %s holds %d already", host, self._limits.max_per_client)
-            transport.close()
-            return
-        self._limits.open_by_client[host] += 1
-        self._counted = host
-        self._arm("head")
+        self._guard = _guard(self, self._limits, transport)
+        if not self._guard.opened(_host(self)):
+            self._guard = None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        if self._counted is not None:
-            self._limits.open_by_client[self._counted] -= 1
-            if self._limits.open_by_client[self._counted] <= 0:
-                del self._limits.open_by_client[self._counted]
-            self._counted = None
+        if self._guard is not None:
+            self._guard.closed()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self.conn.their_state is h11.IDLE and self._deadline is None:
-            self._arm("head")  # the first bytes of a new request on a kept-alive connection
+        if self._guard is not None and self.conn.their_state is h11.IDLE:
+            self._guard.request_begun()
         super().data_received(data)
         self._follow()
 
@@ -93,30 +55,52 @@ class GuardedH11Protocol(H11Protocol):
         self._follow()
 
     def _follow(self) -> None:
-        """Move the deadline along with the request: head -> body -> none."""
-        state = self.conn.their_state
-        if state is h11.SEND_BODY and self._phase == "head":
-            self._arm("body")
-        elif state not in (h11.IDLE, h11.SEND_BODY):
-            self._disarm()
-
-    def _arm(self, phase: str) -> None:
-        self._disarm()
-        timeout = self._limits.header_timeout_s if phase == "head" else self._limits.body_timeout_s
-        self._phase = phase
-        self._deadline = self.loop.call_later(timeout, self._expired)
-
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-        self._phase = ""
-
-    def _expired(self) -> None:
-        phase, self._deadline = self._phase, None
-        if self.transport.is_closing():
+        """h11 reports states, not events: move the deadline along with them."""
+        if self._guard is None:
             return
-        log.info("closed a connection: the request %s was not received in time", phase)
-        if self.cycle is None or not self.cycle.response_started:
-            self.transport.write(_TIMEOUT_RESPONSE)
-        self.transport.close()
+        state = self.conn.their_state
+        if state is h11.SEND_BODY and self._guard.phase == "head":
+            self._guard.head_read()
+        elif state not in (h11.IDLE, h11.SEND_BODY) and self._guard.phase:
+            self._guard.body_read()
+
+
+def guarded_httptools_protocol() -> type:
+    """The httptools protocol class, built on first use: httptools is imported only when the
+    gateway is configured to parse with it."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._limits = limits
+            self._guard: ConnectionGuard | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._guard = _guard(self, self._limits, transport)
+            if not self._guard.opened(_host(self)):
+                self._guard = None
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._guard is not None:
+                self._guard.closed()
+            super().connection_lost(exc)
+
+        # llhttp's callbacks, in the order of a request: its first byte, its head, its body.
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self._guard is not None:
+                self._guard.request_begun()
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            if self._guard is not None:
+                self._guard.head_read()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            if self._guard is not None:
+                self._guard.body_read()
+
+    return GuardedHttpToolsProtocol

@@ -53,16 +53,21 @@ def app_from_environment() -> Any:
 
 def uvicorn_options(settings: GatewaySettings, *, log_level: str) -> dict[str, Any]:
     """How uvicorn runs the gateway, single process or workers alike."""
+    from gateway.server.guard import ConnectionLimits
     from gateway.server.logs import log_config
-    from gateway.server.protocol import ConnectionLimits, GuardedH11Protocol
+    from gateway.server.protocol import GuardedH11Protocol, guarded_httptools_protocol
 
     limits = ConnectionLimits(
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.body_timeout_s,
         max_per_client=settings.max_connections_per_client,
     )
+    protocol = (
+        guarded_httptools_protocol() if settings.http_parser == "httptools" else GuardedH11Protocol
+    )
     return {
-        "http": functools.partial(GuardedH11Protocol, limits=limits),
+        "http": functools.partial(protocol, limits=limits),
+        "loop": settings.event_loop,
         "log_config": log_config(log_level, key_prefix=settings.key_prefix),
         "log_level": log_level,
         "timeout_keep_alive": settings.keepalive_timeout_s,

@@ -28,10 +28,12 @@ PER_CLIENT = 40
 ATTACKERS = 200  # from 127.0.0.2, so the per-client bound does not touch the test's own client
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["h11", "httptools"])
 def guarded(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[GatewayProcess]:
+    """A gateway per HTTP parser: the limits live apart from the parser (gateway/server/guard.py)
+    and must hold with each (the httptools one on uvloop)."""
     workdir = tmp_path_factory.mktemp("guarded")
     env = gateway_env(
         tiny_model_dir,
@@ -39,6 +41,8 @@ def guarded(
         LORAGATE_HEADER_TIMEOUT_S=str(HEADER_TIMEOUT_S),
         LORAGATE_BODY_TIMEOUT_S=str(BODY_TIMEOUT_S),
         LORAGATE_MAX_CONNECTIONS_PER_CLIENT=str(PER_CLIENT),
+        LORAGATE_HTTP_PARSER=request.param,
+        LORAGATE_EVENT_LOOP="uvloop" if request.param == "httptools" else "asyncio",
     )
     gateway = start_gateway(env, workdir)
     try:
