@@ -84,9 +84,10 @@ class GatewaySettings(TenancySettings):
     # Connections one client address may hold open at once (slow clients cannot take them all).
     max_connections_per_client: int = Field(default=256, ge=1)
     # The HTTP parser and event loop uvicorn serves with; the limits above hold with either
-    # (gateway/server/guard.py). bench/gateway_overhead.py measures the pairs.
-    http_parser: Literal["h11", "httptools"] = "h11"
-    event_loop: Literal["asyncio", "uvloop"] = "asyncio"
+    # (gateway/server/guard.py). httptools on uvloop served 1.23x the requests of h11 on asyncio
+    # per worker (bench/gateway_overhead.py --stacks, full configuration, bench/RESULTS.md).
+    http_parser: Literal["h11", "httptools"] = "httptools"
+    event_loop: Literal["asyncio", "uvloop"] = "uvloop"
 
     # ---- usage ledger, metrics, start-up -----------------------------------------------------
     usage_flush_interval_s: float = Field(default=0.5, gt=0)
