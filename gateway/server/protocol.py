@@ -1,20 +1,22 @@
 """uvicorn's HTTP protocols (h11 and httptools) wired to the connection guard (gateway/server/
 guard.py: head and body deadlines, connections per client). Each subclass only translates its
 parser's events into the guard's four; the limits themselves live in the guard, so they hold
-whichever parser serves (`LORAGATE_HTTP_PARSER`)."""
+whichever parser serves (`LORAGATE_HTTP_PARSER`). Both are module-level classes: `--workers N`
+pickles uvicorn's config, protocol class included, into each worker."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.server.guard import ConnectionGuard, ConnectionLimits
 
 
-def _guard(
+def _new_guard(
     protocol: Any, limits: ConnectionLimits, transport: asyncio.Transport
 ) -> ConnectionGuard:
     def response_started() -> bool:
@@ -27,23 +29,27 @@ def _host(protocol: Any) -> str:
     return protocol.client[0] if protocol.client else "unknown"
 
 
-class GuardedH11Protocol(H11Protocol):
+class _Guarded:
+    """The connection's two ends, the same for every parser: a mixin ahead of uvicorn's protocol
+    class (`class X(_Guarded, H11Protocol)`), whose connection_made / connection_lost it wraps."""
+
     def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._limits = limits
         self._guard: ConnectionGuard | None = None
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._guard = _guard(self, self._limits, transport)
-        if not self._guard.opened(_host(self)):
-            self._guard = None
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        guard = _new_guard(self, self._limits, cast(asyncio.Transport, transport))
+        self._guard = guard if guard.opened(_host(self)) else None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._guard is not None:
             self._guard.closed()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
 
+
+class GuardedH11Protocol(_Guarded, H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self._guard is not None and self.conn.their_state is h11.IDLE:
             self._guard.request_begun()
@@ -65,42 +71,19 @@ class GuardedH11Protocol(H11Protocol):
             self._guard.body_read()
 
 
-def guarded_httptools_protocol() -> type:
-    """The httptools protocol class, built on first use: httptools is imported only when the
-    gateway is configured to parse with it."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+class GuardedHttpToolsProtocol(_Guarded, HttpToolsProtocol):
+    # llhttp's callbacks, in the order of a request: its first byte, its head, its body.
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._guard is not None:
+            self._guard.request_begun()
 
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):
-        def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._limits = limits
-            self._guard: ConnectionGuard | None = None
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        if self._guard is not None:
+            self._guard.head_read()
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._guard = _guard(self, self._limits, transport)
-            if not self._guard.opened(_host(self)):
-                self._guard = None
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._guard is not None:
-                self._guard.closed()
-            super().connection_lost(exc)
-
-        # llhttp's callbacks, in the order of a request: its first byte, its head, its body.
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            if self._guard is not None:
-                self._guard.request_begun()
-
-        def on_headers_complete(self) -> None:
-            super().on_headers_complete()
-            if self._guard is not None:
-                self._guard.head_read()
-
-        def on_message_complete(self) -> None:
-            super().on_message_complete()
-            if self._guard is not None:
-                self._guard.body_read()
-
-    return GuardedHttpToolsProtocol
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if self._guard is not None:
+            self._guard.body_read()

@@ -55,7 +55,7 @@ def uvicorn_options(settings: GatewaySettings, *, log_level: str) -> dict[str, A
     """How uvicorn runs the gateway, single process or workers alike."""
     from gateway.server.guard import ConnectionLimits
     from gateway.server.logs import log_config
-    from gateway.server.protocol import GuardedH11Protocol, guarded_httptools_protocol
+    from gateway.server.protocol import GuardedH11Protocol, GuardedHttpToolsProtocol
 
     limits = ConnectionLimits(
         header_timeout_s=settings.header_timeout_s,
@@ -63,7 +63,7 @@ def uvicorn_options(settings: GatewaySettings, *, log_level: str) -> dict[str, A
         max_per_client=settings.max_connections_per_client,
     )
     protocol = (
-        guarded_httptools_protocol() if settings.http_parser == "httptools" else GuardedH11Protocol
+        GuardedHttpToolsProtocol if settings.http_parser == "httptools" else GuardedH11Protocol
     )
     return {
         "http": functools.partial(protocol, limits=limits),

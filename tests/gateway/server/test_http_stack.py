@@ -5,6 +5,7 @@ tested against real processes with both parsers in tests/e2e/test_server_limits.
 from __future__ import annotations
 
 import asyncio
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,9 @@ def test_the_settings_choose_the_parser_and_the_loop(
     protocol = options["http"]
     assert issubclass(protocol.func, base)
     assert protocol.keywords["limits"].header_timeout_s == settings.header_timeout_s
+    # `--workers N` pickles uvicorn's config into each worker (a class local to a function
+    # failed there: every multi-worker gateway exited at start).
+    assert pickle.loads(pickle.dumps(protocol)).func is protocol.func
 
 
 def test_an_unknown_parser_is_refused_naming_the_field(
