@@ -30,7 +30,7 @@ from gateway.error_handlers import install_error_handlers
 from gateway.lifecycle.bookkeeping import Bookkeeping, UsageWriter
 from gateway.lifecycle.job import Planner
 from gateway.lifecycle.service import RequestLifecycle
-from gateway.middleware import RequestContextMiddleware, TrustedHostMiddleware
+from gateway.middleware import EdgeMiddleware
 from gateway.policy import PolicyService
 from gateway.routes import chat, completions, generate, health, models, responses
 from gateway.settings import GatewaySettings
@@ -210,8 +210,8 @@ def create_app(
         redirect_slashes=False,
     )
     install_error_handlers(app)
-    app.add_middleware(RequestContextMiddleware)
-    app.add_middleware(TrustedHostMiddleware, hosts=settings.trusted_hosts)
+    # Hosts, request context and the last-resort 500 in one pass (gateway/middleware.py).
+    app.add_middleware(EdgeMiddleware, hosts=settings.trusted_hosts)
     for module in (chat, responses, completions, models, generate, health):
         app.include_router(module.router)
     app.include_router(admin_router())

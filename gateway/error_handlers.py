@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import logging
-import traceback
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,7 +24,6 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import ClientGone
 from gateway.telemetry.rejections import record_rejection
@@ -91,36 +89,6 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
     return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
-class CatchAllMiddleware:
-    """The last resort: an exception no handler took becomes a constant 500."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def watch_start(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, watch_start)
-        except Exception as exc:
-            frames = "".join(traceback.format_tb(exc.__traceback__))
-            log.error("unhandled %s on %s:\n%s", type(exc).__name__, scope.get("path"), frames)
-            if started:
-                return  # the answer is under way: the client sees it cut
-            body = ClientError(
-                message="Internal server error.", status_code=500, error_type="server_error"
-            )
-            await error_response(body)(scope, receive, send)
-
-
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ClientError, _client_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -129,4 +97,3 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(ClientGone, _client_gone)
     app.add_exception_handler(ClientDisconnect, _client_gone)
-    app.add_middleware(CatchAllMiddleware)

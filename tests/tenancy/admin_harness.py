@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from gateway.admin import admin_router
 from gateway.error_handlers import install_error_handlers
+from gateway.middleware import EdgeMiddleware
 from tenancy.auth.bootstrap import bootstrap_admin
 from tenancy.runtime import TenancyRuntime, build_runtime
 from tenancy.settings import TenancySettings
@@ -42,6 +43,7 @@ async def admin_harness(settings: TenancySettings, **runtime_kw: Any) -> AsyncIt
     app = FastAPI()
     app.state.tenancy = runtime
     install_error_handlers(app)
+    app.add_middleware(EdgeMiddleware, hosts=["*"])  # as gateway/app.py: the last-resort 500
     app.include_router(admin_router())
     async with runtime.sessionmaker() as session:
         created = await bootstrap_admin(
