@@ -40,6 +40,7 @@ from gateway_litellm import missing_reason as litellm_missing
 from gateway_litellm import start_litellm
 from gateway_processes import Processes, free_port, postgres_database, start_redis
 from gateway_report import print_table, summarize
+from gateway_stream import stream_report
 from gateway_wrk import Target, measure
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -328,6 +329,12 @@ def main() -> int:
             }
         print(f"started in {time.monotonic() - started:.1f}s", file=sys.stderr)
         results.update(measure(standin_targets, args, workdir))
+        # 64-token streams, stand-in direct and through the default gateway (acceptance 3).
+        stream = stream_report(
+            {"direct": (standin, None), "via": (gateway, key)},
+            rounds=args.rounds,
+            requests=50 if args.quick else 200,
+        )
         if real:
             targets: dict[str, Target] = {
                 "tiny engine direct, streamed": Target(engine, None, True),
@@ -340,6 +347,7 @@ def main() -> int:
         procs.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     report = summarize(results, args)
+    report["stream"] = stream
     print_table(results, report)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -109,6 +109,14 @@ def print_table(results: dict[str, dict[str, Any]], report: dict[str, Any]) -> N
             f"{b['rps_per_worker']:.0f} req/s; this code / baseline: added p50 x"
             f"{b['ratio_added_p50']:.3f}, req/s x{b['ratio_rps']:.3f}"
         )
+    if "stream" in report:
+        st = report["stream"]
+        print(
+            f"{st['tokens']}-token streams: time to first byte added p50 "
+            f"{st['added_ttfb_ms']['p50']:.3f} ms; added per chunk "
+            f"{st['added_per_chunk_ms']['c1']:.4f} ms (one connection), "
+            f"{st['added_per_chunk_ms']['c16']:.4f} ms (16 connections)"
+        )
     for stack, r in report.get("stacks", {}).items():
         print(
             f"gateway on {stack}: p50 {r['added_ms']['p50']:.3f} ms added, "

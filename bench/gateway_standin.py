@@ -12,7 +12,8 @@ import json
 import uuid
 
 
-def _standin_reply(method: str, path: str, body: bytes) -> tuple[str, str, bytes]:
+def _standin_reply(method: str, path: str, body: bytes) -> tuple[str, str, bytes | list[bytes]]:
+    """(status, media type, body): a list of events for a stream (sent chunked)."""
     if path == "/health" or path == "/v1/models":
         return "200 OK", "application/json", b'{"status":"ok","object":"list","data":[]}'
     if path == "/abort_requests":
@@ -36,12 +37,20 @@ def _standin_reply(method: str, path: str, body: bytes) -> tuple[str, str, bytes
     if not request.get("stream"):
         out = f'{{"request_id":{rid},"choices":[{choices}],"usage":{usage}}}'
         return "200 OK", "application/json", out.encode()
-    events = (
-        f'data: {{"request_id":{rid},"choices":[{choices}]}}\n\n'
-        f'data: {{"request_id":{rid},"choices":[],"usage":{usage}}}\n\n'
-        "data: [DONE]\n\n"
-    )
-    return "200 OK", "text/event-stream", events.encode()
+    # One event per token (a chunk each on the wire), as an engine streams: the gateway relays
+    # max_tokens chunks (bench/gateway_stream.py times them).
+    events = []
+    for t in range(max_tokens):
+        reason = '"length"' if t == max_tokens - 1 else "null"
+        step = ",".join(
+            f'{{"index":{i},"token_ids":[300],"finish_reason":{reason},"stop_reason":null,'
+            f'"logprobs":null}}'
+            for i in range(n)
+        )
+        events.append(f'data: {{"request_id":{rid},"choices":[{step}],"usage":null}}\n\n'.encode())
+    events.append(f'data: {{"request_id":{rid},"choices":[],"usage":{usage}}}\n\n'.encode())
+    events.append(b"data: [DONE]\n\n")
+    return "200 OK", "text/event-stream", events
 
 
 def _chat_reply(request: dict[str, object]) -> tuple[str, str, bytes]:
@@ -82,11 +91,16 @@ async def _standin_connection(reader: asyncio.StreamReader, writer: asyncio.Stre
                     length = int(line.split(":", 1)[1])
             body = await reader.readexactly(length) if length else b""
             status, media, out = _standin_reply(method, path, body)
-            writer.write(
-                f"HTTP/1.1 {status}\r\ncontent-type: {media}\r\ncontent-length: {len(out)}\r\n"
-                f"\r\n".encode()
-                + out
-            )
+            if isinstance(out, list):  # a stream: one chunk per event
+                head = f"HTTP/1.1 {status}\r\ncontent-type: {media}\r\ntransfer-encoding: chunked\r\n\r\n"
+                chunks = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in out)
+                writer.write(head.encode() + chunks + b"0\r\n\r\n")
+            else:
+                writer.write(
+                    f"HTTP/1.1 {status}\r\ncontent-type: {media}\r\ncontent-length: {len(out)}"
+                    f"\r\n\r\n".encode()
+                    + out
+                )
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
         pass

@@ -83,3 +83,8 @@ def test_quick_run_writes_the_json(tiny_model_dir: Path, tmp_path: Path) -> None
     assert set(report["added_ms"]) == {"p50", "p99"}
     assert report["rps_per_worker"] > 0
     assert all(run["errors"] == 0 for run in report["runs"].values())
+    # 64-token streams through the gateway against the stand-in's own (acceptance 3 of issue 48)
+    stream = report["stream"]
+    assert stream["tokens"] == 64
+    assert set(stream["p50_ms"]) == {"direct", "via"}
+    assert stream["p50_ms"]["via"]["ttfb_1"] > 0 and "p50" in stream["added_ttfb_ms"]
