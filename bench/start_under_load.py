@@ -100,10 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (2 if args.quick else 5)
     model_dir = ensure_model(args.model or Path(f".cache/models/{plan.model_size}"),
                              plan.model_size)  # fmt: skip
+    summary = summarize(make_workload(plan.workloads[0], token_pool(model_dir)))
     started = datetime.datetime.now().astimezone()
     load_start = load_average()
     print(f"{rounds} rounds, {available_cores()} cores, dtype {args.dtype}, load {load_start}; "
-          f"workload {summarize(make_workload(plan.workloads[0], token_pool(model_dir)))}",
+          f"workload {summary}",
           flush=True)  # fmt: skip
     starts: list[Start] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             "medians_tok_s": medians,
             "spread": spread,
             "starts": [s.__dict__ for s in starts],
-            "summary": summarize(make_workload(plan.workloads[0], token_pool(model_dir))),
+            "summary": summary,
         }
         write_record(args.json, record, args, model_dir=model_dir, started=started,
                      load_start=load_start, load_end=load_end)  # fmt: skip
