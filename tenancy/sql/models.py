@@ -115,6 +115,9 @@ class QuotaPolicy(Base):
     max_concurrent: Mapped[int | None] = mapped_column(Integer, nullable=True)
     daily_token_budget: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     monthly_token_budget: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Currency budgets in micro-units (1e-6 of the currency), charged at the ledger's prices.
+    daily_spend_budget_micros: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    monthly_spend_budget_micros: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
@@ -154,10 +157,29 @@ class UsageRecord(Base):
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     completion_tokens: Mapped[int] = mapped_column(Integer)
     cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    # The request's cost in micro-units at the prices of its admission (tenancy/spend/money.py):
+    # captured when written, so a later price change never rewrites what was billed.
+    cost_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     finish_reason: Mapped[str] = mapped_column(String(16))
     started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     finished_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
     day: Mapped[dt.date] = mapped_column(Date)
+
+
+class Price(Base):
+    """Per 1M tokens, in micro-units of the currency. A row with an adapter overrides its base
+    model's row (adapter_id NULL) for requests to that adapter."""
+
+    __tablename__ = "prices"
+    __table_args__ = (UniqueConstraint("model", "adapter_id"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    model: Mapped[str] = mapped_column(String(256))
+    adapter_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    prompt_micros_per_mtok: Mapped[int] = mapped_column(BigInteger)
+    cached_micros_per_mtok: Mapped[int] = mapped_column(BigInteger)
+    completion_micros_per_mtok: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class AuditEvent(Base):

@@ -14,7 +14,7 @@ from tenancy.sql.session import make_engine
 
 TABLES = {
     "tenants", "api_keys", "quota_policies", "adapters", "usage_records", "audit_events",
-    "dashboard_logouts",
+    "dashboard_logouts", "prices",
 }  # fmt: skip
 
 
