@@ -28,7 +28,9 @@ FilesForm = Annotated[list[UploadFile], File(description="PEFT files, or one .zi
 NameForm = Annotated[str, Form(max_length=10_000)]
 
 
-async def _read(files: list[UploadFile], limit: int) -> list[UploadedFile]:
+async def read_uploads(files: list[UploadFile], limit: int) -> list[UploadedFile]:
+    """The files' bytes, refused once they pass `limit` together (the API and the dashboard's
+    upload form both read them here)."""
     out, total = [], 0
     for f in files:
         data = await f.read(limit - total + 1)
@@ -75,7 +77,7 @@ async def upload_adapter(
     ctx: AuditDep,
     runtime: RuntimeDep,
 ) -> object:
-    uploads = await _read(files, runtime.settings.adapter_limits.max_upload_bytes)
+    uploads = await read_uploads(files, runtime.settings.adapter_limits.max_upload_bytes)
     return await crud.register_adapter(
         session, ctx=ctx, service=runtime.adapters, tenant_id=tenant_id, name=name, uploads=uploads
     )
@@ -85,7 +87,7 @@ async def upload_adapter(
 async def upload_public_adapter(
     name: NameForm, files: FilesForm, session: SessionDep, ctx: AuditDep, runtime: RuntimeDep
 ) -> object:
-    uploads = await _read(files, runtime.settings.adapter_limits.max_upload_bytes)
+    uploads = await read_uploads(files, runtime.settings.adapter_limits.max_upload_bytes)
     return await crud.register_adapter(
         session, ctx=ctx, service=runtime.adapters, tenant_id=None, name=name, uploads=uploads
     )

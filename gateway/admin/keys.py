@@ -5,10 +5,14 @@ from __future__ import annotations
 import datetime as dt
 
 from fastapi import APIRouter, Response, status
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.admin.deps import AuditDep, PrincipalDep, RuntimeDep, SessionDep
+from tenancy.auth.principal import AuditContext
 from tenancy.crud import keys as crud
+from tenancy.runtime import TenancyRuntime
 from tenancy.schemas import ApiKeyCreate, ApiKeyCreated, ApiKeyOut, ApiKeyRotate
+from tenancy.sql.models import ApiKey
 
 router = APIRouter(prefix="/tenants/{tenant_id}/keys", tags=["keys"])
 
@@ -44,7 +48,33 @@ async def rotate_key(
     response: Response,
 ) -> object:
     response.headers["cache-control"] = "no-store"
-    grace_s = body.grace_seconds
+    return await rotate(
+        session, ctx=ctx, runtime=runtime, tenant_id=tenant_id, key_id=key_id,
+        grace_s=body.grace_seconds,
+    )  # fmt: skip
+
+
+@router.post("/{key_id}/revoke", response_model=ApiKeyOut)
+async def revoke_key(
+    tenant_id: str, key_id: str, session: SessionDep, ctx: AuditDep, runtime: RuntimeDep
+) -> object:
+    return await revoke(session, ctx=ctx, runtime=runtime, tenant_id=tenant_id, key_id=key_id)
+
+
+# What rotating and revoking take beyond the row: the key cache must forget the old key on every
+# replica. The API's routes and the dashboard's forms both call these.
+
+
+async def rotate(
+    session: AsyncSession,
+    *,
+    ctx: AuditContext,
+    runtime: TenancyRuntime,
+    tenant_id: str,
+    key_id: str,
+    grace_s: float | None,
+) -> ApiKeyCreated:
+    """The old key keeps working for `grace_s` (None: the configured default)."""
     grace = dt.timedelta(
         seconds=runtime.settings.default_rotation_grace_s if grace_s is None else grace_s
     )
@@ -56,10 +86,14 @@ async def rotate_key(
     return created
 
 
-@router.post("/{key_id}/revoke", response_model=ApiKeyOut)
-async def revoke_key(
-    tenant_id: str, key_id: str, session: SessionDep, ctx: AuditDep, runtime: RuntimeDep
-) -> object:
+async def revoke(
+    session: AsyncSession,
+    *,
+    ctx: AuditContext,
+    runtime: TenancyRuntime,
+    tenant_id: str,
+    key_id: str,
+) -> ApiKey:
     row = await crud.revoke_key(
         session, ctx=ctx, tenant_id=tenant_id, key_id=key_id, now=runtime.now()
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 from pydantic import computed_field
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.admin.deps import (
     AdapterRemovalDep,
@@ -13,8 +14,11 @@ from gateway.admin.deps import (
     SessionDep,
 )
 from gateway.telemetry.metrics import tenant_series_label
+from tenancy.auth.principal import AuditContext
 from tenancy.crud import tenants as crud
+from tenancy.runtime import TenancyRuntime
 from tenancy.schemas import TenantCreate, TenantOut, TenantUpdate
+from tenancy.sql.models import Tenant
 
 router = APIRouter(prefix="/tenants", tags=["tenants"])
 
@@ -53,10 +57,23 @@ async def get_tenant(tenant_id: str, session: SessionDep, principal: PrincipalDe
 async def update_tenant(
     tenant_id: str, body: TenantUpdate, session: SessionDep, ctx: AuditDep, runtime: RuntimeDep
 ) -> object:
+    return await update(session, ctx=ctx, runtime=runtime, tenant_id=tenant_id, data=body)
+
+
+async def update(
+    session: AsyncSession,
+    *,
+    ctx: AuditContext,
+    runtime: TenancyRuntime,
+    tenant_id: str,
+    data: TenantUpdate,
+) -> Tenant:
+    """The API's PATCH and the dashboard's suspend/reactivate: the row, then the key cache on
+    every replica (a key's tenant status and tier live in it)."""
     tenant = await crud.update_tenant(
-        session, ctx=ctx, tenant_id=tenant_id, data=body, tiers=runtime.tier_names
+        session, ctx=ctx, tenant_id=tenant_id, data=data, tiers=runtime.tier_names
     )
-    await runtime.keys.invalidate(tenant_id=tenant_id)  # status and tier live in the key cache
+    await runtime.keys.invalidate(tenant_id=tenant_id)
     return tenant
 
 

@@ -134,21 +134,28 @@ def _floor(now: dt.datetime, step: dt.timedelta) -> dt.datetime:
     return now.replace(minute=0, second=0, microsecond=0)
 
 
+async def key_rows(
+    session: AsyncSession, principal: Principal, tenant_id: str, now: dt.datetime
+) -> list[KeyRow]:
+    """The tenant's keys, masked, with their status and last use (the tenant and keys pages)."""
+    last_used = await keys_last_used(session, tenant_id=tenant_id)
+    return [
+        KeyRow(
+            id=k.id, name=k.name, masked=f"{k.prefix}…{k.last_four}", scopes=list(k.scopes),
+            status=_key_status(k, now), expires_at=k.expires_at,
+            last_used_at=last_used.get(k.id),
+        )
+        for k in await list_keys(session, principal=principal, tenant_id=tenant_id)
+    ]  # fmt: skip
+
+
 async def tenant_page(
     runtime: TenancyRuntime, principal: Principal, tenant_id: str, now: dt.datetime
 ) -> TenantPage:
     async with runtime.sessionmaker() as session:
         tenant = await load_tenant(session, principal=principal, tenant_id=tenant_id)
         summary = await _summary(session, runtime, principal, tenant, now)
-        last_used = await keys_last_used(session, tenant_id=tenant_id)
-        keys = [
-            KeyRow(
-                id=k.id, name=k.name, masked=f"{k.prefix}…{k.last_four}", scopes=list(k.scopes),
-                status=_key_status(k, now), expires_at=k.expires_at,
-                last_used_at=last_used.get(k.id),
-            )
-            for k in await list_keys(session, principal=principal, tenant_id=tenant_id)
-        ]  # fmt: skip
+        keys = await key_rows(session, principal, tenant_id, now)
         adapters = await list_adapters(session, principal=principal, tenant_id=tenant_id)
         events = await list_events(
             session, principal=principal, tenant_id=tenant_id, limit=NUM_AUDIT_EVENTS
