@@ -44,10 +44,15 @@ def _hour(session: AsyncSession) -> ColumnElement[str]:
 
 
 async def usage_series(
-    session: AsyncSession, *, tenant_id: str, since: dt.datetime, bucket: Bucket
+    session: AsyncSession,
+    *,
+    tenant_id: str,
+    since: dt.datetime,
+    bucket: Bucket,
+    until: dt.datetime | None = None,
 ) -> list[UsagePoint]:
     """Per hour (by the time a request finished) or per UTC day (the ledger's `day`, the same
-    days as the admin usage report), from `since` on."""
+    days as the admin usage report), from `since` on (and before `until`, when given)."""
     u = UsageRecord
     period: ColumnElement[object] = _hour(session) if bucket == "hour" else u.day  # type: ignore[assignment]
     query = (
@@ -57,6 +62,8 @@ async def usage_series(
         .group_by(period, u.model, u.adapter_id)
         .order_by(period, u.model)
     )  # fmt: skip
+    if until is not None:
+        query = query.where(u.finished_at < until)
     points = []
     for start, model, adapter_id, count, tokens in (await session.execute(query)).all():
         if bucket == "hour":
