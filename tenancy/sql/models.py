@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Date,
     DateTime,
     Float,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.engine import Dialect
@@ -212,3 +214,84 @@ class DashboardLogout(Base):
 
     session_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), index=True)
+
+
+class AlertWebhook(Base):
+    """A tenant's budget-alert webhook (tenancy/alerts/). The signing secret must be read back
+    to sign, so it is stored sealed (AES-GCM under a key derived from the pepper), never clear."""
+
+    __tablename__ = "alert_webhooks"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("tenants.id", ondelete="CASCADE"), unique=True
+    )
+    url: Mapped[str] = mapped_column(String(2048))
+    secret_sealed: Mapped[str] = mapped_column(String(256))
+    thresholds: Mapped[list[int]] = mapped_column(JSON)  # whole percentages, ascending
+    events: Mapped[list[str]] = mapped_column(JSON)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class AlertFiring(Base):
+    """The once-guard: one row per (subject, budget, period, threshold) ever alerted. Replicas
+    that cross the same threshold race on the unique constraint; one insert wins, one alert
+    goes out. Outages use budget `outage.<service>` and period `open` (the row is removed when
+    the service is back, so the next outage alerts again)."""
+
+    __tablename__ = "alert_firings"
+    __table_args__ = (UniqueConstraint("subject", "budget", "period", "threshold"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("tenants.id", ondelete="CASCADE"), index=True
+    )
+    subject: Mapped[str] = mapped_column(String(40))
+    budget: Mapped[str] = mapped_column(String(64))
+    period: Mapped[str] = mapped_column(String(16))
+    threshold: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class AlertDelivery(Base):
+    """One event to deliver (the outbox): written in the transaction that claims its
+    once-guard row, sent by whichever replica's worker claims it first (`claimed_until`)."""
+
+    __tablename__ = "alert_deliveries"
+    __table_args__ = (
+        Index("ix_alert_deliveries_tenant_time", "tenant_id", "created_at"),
+        Index("ix_alert_deliveries_due", "status", "next_attempt_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # the event's id too
+    tenant_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("tenants.id", ondelete="CASCADE")
+    )
+    event_type: Mapped[str] = mapped_column(String(64))
+    body: Mapped[str] = mapped_column(Text)  # the JSON exactly as signed
+    status: Mapped[str] = mapped_column(String(16))  # pending, delivered, failed
+    num_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    claimed_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    delivered_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class AlertDeliveryAttempt(Base):
+    """The delivery log: one row per attempt, with the receiver's status or the error."""
+
+    __tablename__ = "alert_delivery_attempts"
+    __table_args__ = (UniqueConstraint("delivery_id", "attempt"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    delivery_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("alert_deliveries.id", ondelete="CASCADE")
+    )
+    attempt: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    finished_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(String(200), nullable=True)

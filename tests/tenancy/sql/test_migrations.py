@@ -14,7 +14,8 @@ from tenancy.sql.session import make_engine
 
 TABLES = {
     "tenants", "api_keys", "quota_policies", "adapters", "usage_records", "audit_events",
-    "dashboard_logouts", "prices",
+    "dashboard_logouts", "prices", "alert_webhooks", "alert_firings", "alert_deliveries",
+    "alert_delivery_attempts",
 }  # fmt: skip
 
 
