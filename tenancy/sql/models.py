@@ -266,9 +266,7 @@ class AlertDelivery(Base):
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)  # the event's id too
-    tenant_id: Mapped[str] = mapped_column(
-        String(36), ForeignKey("tenants.id", ondelete="CASCADE")
-    )
+    tenant_id: Mapped[str] = mapped_column(String(36), ForeignKey("tenants.id", ondelete="CASCADE"))
     event_type: Mapped[str] = mapped_column(String(64))
     body: Mapped[str] = mapped_column(Text)  # the JSON exactly as signed
     status: Mapped[str] = mapped_column(String(16))  # pending, delivered, failed
