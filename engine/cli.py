@@ -90,6 +90,12 @@ def add_subcommands(subparsers: Any) -> None:
         default="LORAGATE_ENGINE_ADMIN_TOKEN",
         help="environment variable holding the admin token for adapter endpoints",
     )
+    serve.add_argument(
+        "--otel-endpoint",
+        default=None,
+        help="OTLP/HTTP traces endpoint (a collector's http://HOST:4318/v1/traces) to send "
+        "request spans to (default: $LORAGATE_OTEL_ENDPOINT, the gateway's; unset: no tracing)",
+    )
     serve.set_defaults(handler=_serve)
 
 
@@ -131,7 +137,11 @@ def _serve(args: argparse.Namespace) -> int:
     log_startup_choices()
     try:
         serve(
-            config, host=args.host, port=args.port, admin_token=os.environ.get(args.admin_token_env)
+            config,
+            host=args.host,
+            port=args.port,
+            admin_token=os.environ.get(args.admin_token_env),
+            otel_endpoint=args.otel_endpoint or os.environ.get("LORAGATE_OTEL_ENDPOINT"),
         )
     except AdapterError as exc:  # a --lora-modules adapter failed validation at start-up
         raise SystemExit(f"loragate engine: --lora-modules: {exc.message}") from exc

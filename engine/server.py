@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -25,7 +25,7 @@ from engine import adapter_admin
 from engine.config import EngineConfig
 from engine.errors import EngineError
 from engine.loop.async_engine import AsyncEngine, RequestStream
-from engine.metrics import EngineMetrics
+from engine.metrics import EngineMetrics, finish_reason
 from engine.outputs import RequestOutput
 from engine.protocol import (
     SSE_DONE,
@@ -43,7 +43,11 @@ from engine.protocol import (
     to_engine_request,
     wait_for_disconnect,
 )
+from engine.protocol.tracing import EngineTrace, tracer_for
 from lora.errors import AdapterError
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 logger = logging.getLogger(__name__)
 
@@ -177,19 +181,28 @@ class _RequestRun:
     """One admitted request: its stream, the wire builder and the metric bookkeeping."""
 
     def __init__(
-        self, wire: GenerateRequest, stream: RequestStream, metrics: EngineMetrics
+        self,
+        wire: GenerateRequest,
+        stream: RequestStream,
+        metrics: EngineMetrics,
+        trace: EngineTrace | None,
     ) -> None:
         self.wire = wire
         self.stream = stream
         self.builder = ResponseBuilder(wire)
         self._metrics = metrics
+        self._trace = trace  # None: tracing is off
 
     def finish(self, output: RequestOutput) -> None:
         self._metrics.requests.observe_output(output, num_choices=self.wire.sampling_params.n)
+        if self._trace is not None and output.finished:
+            self._trace.end(output, finish_reason=finish_reason(output).value)
 
     def close(self) -> None:
         if not self.stream.finished and not self.stream.closed:
             self._metrics.requests.observe_abandoned()
+        if self._trace is not None:  # ended already unless the client left first
+            self._trace.end(None, finish_reason="abort")
         self.stream.close()
 
     async def events(self) -> AsyncIterator[bytes]:
@@ -259,8 +272,11 @@ async def generate(
     request: Request, engine: EngineDep, metrics: MetricsDep, body: BodyDep
 ) -> Response:
     wire = parse_generate_request(body)
-    stream = await engine.add_request(to_engine_request(wire, engine_limits(engine)))
-    run = _RequestRun(wire, stream, metrics)
+    engine_request = to_engine_request(wire, engine_limits(engine))
+    tracer = request.app.state.tracer
+    trace = None if tracer is None else EngineTrace(tracer, engine_request, request.headers)
+    stream = await engine.add_request(engine_request)
+    run = _RequestRun(wire, stream, metrics, trace)
     if wire.stream:
         return _EventStreamResponse(run.events(), on_close=run.close)
 
@@ -321,8 +337,10 @@ def create_app(
     admin_token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+    tracer: Tracer | None = None,
 ) -> FastAPI:
-    """The engine's ASGI app; its lifespan drains the engine on shutdown."""
+    """The engine's ASGI app; its lifespan drains the engine on shutdown. `tracer`: None,
+    tracing is off (engine/protocol/tracing.py)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -342,6 +360,7 @@ def create_app(
     )
     app.state.admin_token = admin_token  # for the adapter endpoints
     app.state.max_body_bytes = max_body_bytes
+    app.state.tracer = tracer
     app.state.created = int(time.time())
     app.add_exception_handler(EngineError, _engine_error_handler)
     app.add_exception_handler(AdapterError, _adapter_error_handler)
@@ -350,15 +369,24 @@ def create_app(
     return app
 
 
-def serve(config: EngineConfig, *, host: str, port: int, admin_token: str | None) -> None:
+def serve(
+    config: EngineConfig,
+    *,
+    host: str,
+    port: int,
+    admin_token: str | None,
+    otel_endpoint: str | None,
+) -> None:
     """Load the model, then serve until SIGINT/SIGTERM, draining on the way out. The engine loop
-    runs on this (the main) thread, HTTP on another (engine/loop/on_main.py)."""
+    runs on this (the main) thread, HTTP on another (engine/loop/on_main.py). `otel_endpoint`:
+    where spans go (None: no tracing)."""
     import uvicorn
 
     from engine.loop.on_main import serve_beside_loop
 
     engine = AsyncEngine.from_config(config, start_thread=False)
-    app = create_app(engine, admin_token=admin_token)
+    tracer = tracer_for(otel_endpoint, service_name="loragate-engine")
+    app = create_app(engine, admin_token=admin_token, tracer=tracer)
     server = uvicorn.Server(
         uvicorn.Config(
             app,

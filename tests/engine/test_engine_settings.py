@@ -14,7 +14,15 @@ from engine.cli import _engine_config, add_subcommands
 from gateway.settings import GatewaySettings
 
 # Options of `loragate engine` that are about the server process, not the engine.
-SERVER_ONLY = {"help", "model", "served_model_name", "host", "port", "admin_token_env"}
+SERVER_ONLY = {
+    "help",
+    "model",
+    "served_model_name",
+    "host",
+    "port",
+    "admin_token_env",
+    "otel_endpoint",
+}
 
 # A value other than the default for every option (lora_modules needs enable_lora).
 VALUES = {
