@@ -39,7 +39,12 @@ HEADERS = MappingProxyType(
         "x-content-type-options": "nosniff",
     }
 )
-STATIC_FILES = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
+STATIC_FILES = {
+    "dashboard.css": "text/css",
+    "dashboard.js": "text/javascript",
+    "forms.css": "text/css",  # the forms of actions.py and its neighbours
+    "actions.js": "text/javascript",  # copy a new key, confirm, the upload's progress
+}
 REFUSED = "That key was not accepted."
 NOT_FOR_DASHBOARD = "This key cannot open the dashboard: it needs the admin or tenant-admin scope."
 SSO_REFUSED = "Sign-in with SSO did not complete: the identity provider's answer was refused."
