@@ -20,7 +20,7 @@ from tenancy.priority import PriorityMapper
 from tenancy.quota.memory_store import InProcessQuotaStore
 from tenancy.quota.redis_store import RedisQuotaStore
 from tenancy.quota.rejections import InProcessRejectionLog, RedisRejectionLog, RejectionLog
-from tenancy.quota.store import QuotaStore
+from tenancy.quota.store import BudgetCharge, QuotaStore
 from tenancy.redis_client import RedisClient, make_redis
 from tenancy.salts import SaltDeriver
 from tenancy.settings import TenancySettings
@@ -67,16 +67,13 @@ class TenancyRuntime:
                 "the usage ledger could not be read to restore the quota budgets "
                 "(is the database migrated? `loragate admin migrate`)"
             ) from exc
-        tenants: dict[str, tuple[int, int]] = {}
-        keys: list[tuple[str, int, int]] = []
+        charges: list[BudgetCharge] = []
         for row in spent:
-            day, month = tenants.get(row.tenant_id, (0, 0))
-            tenants[row.tenant_id] = (day + row.day_tokens, month + row.month_tokens)
+            amounts = (row.day_tokens, row.month_tokens, row.day_micros, row.month_micros)
+            charges.append(BudgetCharge(f"t:{row.tenant_id}", *amounts))
             if row.api_key_id is not None:
-                keys.append((f"k:{row.api_key_id}", row.day_tokens, row.month_tokens))
-        self.quotas.restore_budgets(
-            [(f"t:{tenant}", day, month) for tenant, (day, month) in tenants.items()] + keys
-        )
+                charges.append(BudgetCharge(f"k:{row.api_key_id}", *amounts))
+        self.quotas.restore_budgets(charges)  # a tenant's rows add up over its keys
         return len(spent)
 
     async def close(self) -> None:

@@ -91,6 +91,9 @@ class QuotaLimitsIn(BaseModel):
     max_concurrent: int | None = Field(default=None, ge=0)
     daily_token_budget: int | None = Field(default=None, ge=0)
     monthly_token_budget: int | None = Field(default=None, ge=0)
+    # Currency budgets in micro-units (1e-6) of LORAGATE_CURRENCY: 5000000 is 5.00.
+    daily_spend_budget_micros: int | None = Field(default=None, ge=0)
+    monthly_spend_budget_micros: int | None = Field(default=None, ge=0)
 
 
 class QuotaPolicyOut(QuotaLimitsIn):

@@ -11,6 +11,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tenancy.spend.schemas import PriceSpec
+
 _PLACEHOLDERS = {"changeme", "changethis", "secret", "password", "pepper", "test"}
 _MIN_SECRET_LEN = 32
 
@@ -108,6 +110,11 @@ class TenancySettings(BaseSettings):
     adapter_store_dir: Path = Path("./data/adapters")
     adapter_limits: AdapterLimits = Field(default_factory=AdapterLimits)
     base_model: BaseModelSpec = Field(default_factory=BaseModelSpec)
+
+    # Display only: amounts are stored in micro-units (1e-6) of this currency.
+    currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
+    # Default prices per served model name; a price set through the admin API wins over these.
+    prices: dict[str, PriceSpec] = Field(default_factory=dict)
 
     oidc_issuer: str | None = None
     oidc_audience: str | None = None

@@ -30,6 +30,8 @@ class UsageIn:
     finish_reason: str
     started_at: dt.datetime
     finished_at: dt.datetime
+    # At the prices of its admission (tenancy/spend/money.py); 0 where nothing is priced.
+    cost_micros: int = 0
 
 
 async def record_usage(session: AsyncSession, *, record: UsageIn) -> bool:
@@ -71,12 +73,15 @@ async def record_usage_batch(session: AsyncSession, *, records: list[UsageIn]) -
 
 @dataclass(frozen=True)
 class Spent:
-    """Tokens charged to one (tenant, key) since the start of the UTC day and month."""
+    """Tokens and micro-units charged to one (tenant, key) since the start of the UTC day and
+    month."""
 
     tenant_id: TenantId
     api_key_id: ApiKeyId | None
     day_tokens: int
     month_tokens: int
+    day_micros: int = 0
+    month_micros: int = 0
 
 
 async def spent_to_date(session: AsyncSession, *, now: dt.datetime) -> list[Spent]:
@@ -84,7 +89,7 @@ async def spent_to_date(session: AsyncSession, *, now: dt.datetime) -> list[Spen
     that lost its counters (an in-process one, restarted) must count again.
 
     A record belongs to the period of its start (admission time), as the quota stores charge
-    it; its charge is prompt plus completion tokens, as settlement counts it.
+    it; its charge is prompt plus completion tokens, as settlement counts it, and its cost.
     """
     u = UsageRecord
     day_start = now.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -96,6 +101,8 @@ async def spent_to_date(session: AsyncSession, *, now: dt.datetime) -> list[Spen
             u.api_key_id,
             func.sum(tokens),
             func.sum(case((u.started_at >= day_start, tokens), else_=0)),
+            func.sum(u.cost_micros),
+            func.sum(case((u.started_at >= day_start, u.cost_micros), else_=0)),
         )
         .where(u.started_at >= month_start)
         .group_by(u.tenant_id, u.api_key_id)
@@ -106,8 +113,12 @@ async def spent_to_date(session: AsyncSession, *, now: dt.datetime) -> list[Spen
             api_key_id=ApiKeyId(key) if key is not None else None,
             day_tokens=int(day or 0),
             month_tokens=int(month or 0),
+            day_micros=int(day_micros or 0),
+            month_micros=int(month_micros or 0),
         )
-        for tenant, key, month, day in (await session.execute(query)).all()
+        for tenant, key, month, day, month_micros, day_micros in (
+            await session.execute(query)
+        ).all()
     ]
 
 

@@ -1,13 +1,15 @@
 """The Redis quota scripts. One EVALSHA per admission and one per settlement, so every decision
 is atomic across any number of gateway processes.
 
-Key layout per subject (6 keys, in this order):
+Key layout per subject (8 keys, in this order):
   win    ZSET  request id -> admitted-at (s)      requests in the sliding 60 s window
   tok    HASH  request id -> tokens               tokens of the requests in the window
   sum    STR   total of tok
   lease  ZSET  request id -> lease expiry (s)     concurrency leases
   day    STR   tokens charged this UTC day
   month  STR   tokens charged this UTC month
+  dc     STR   micro-units of the currency charged this UTC day
+  mc     STR   micro-units of the currency charged this UTC month
 plus, first of all, a marker key per request (exists from admission until settlement): an
 admission replayed while it exists answers admitted again and counts nothing.
 Every key of one call carries the same hash tag (quota_redis.py), so a Redis Cluster runs the
@@ -45,6 +47,7 @@ local to_day_end = tonumber(ARGV[6])
 local to_month_end = tonumber(ARGV[7])
 local marker_ttl = tonumber(ARGV[8])
 local n = tonumber(ARGV[9])
+local reserve_micros = tonumber(ARGV[10])
 
 local function oldest_reset_ms(win)
   local first = redis.call('ZRANGE', win, 0, 0, 'WITHSCORES')
@@ -64,7 +67,7 @@ end
 local function states()
   local out = {}
   for s = 0, n - 1 do
-    local i = 2 + s * 6
+    local i = 2 + s * 8
     local count = redis.call('ZCARD', KEYS[i])
     local sum = tonumber(redis.call('GET', KEYS[i+2]) or '0')
     local reset = oldest_reset_ms(KEYS[i])
@@ -81,19 +84,26 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return out
 end
 
-for s = 0, n - 1 do purge(2 + s * 6) end
+for s = 0, n - 1 do purge(2 + s * 8) end
 
--- limits: 5 per subject after the fixed arguments; -1 means unlimited
+-- limits: 7 per subject after the fixed arguments; -1 means unlimited
 for s = 0, n - 1 do
-  local i = 2 + s * 6
-  local a = 10 + s * 5
-  local monthly, daily, rpm, tpm, conc =
-    tonumber(ARGV[a]), tonumber(ARGV[a+1]), tonumber(ARGV[a+2]), tonumber(ARGV[a+3]), tonumber(ARGV[a+4])
+  local i = 2 + s * 8
+  local a = 11 + s * 7
+  local monthly, daily, monthly_spend, daily_spend, rpm, tpm, conc =
+    tonumber(ARGV[a]), tonumber(ARGV[a+1]), tonumber(ARGV[a+2]), tonumber(ARGV[a+3]),
+    tonumber(ARGV[a+4]), tonumber(ARGV[a+5]), tonumber(ARGV[a+6])
   local code, retry_ms = nil, 0
   if monthly >= 0 and tonumber(redis.call('GET', KEYS[i+5]) or '0') + reserve > monthly then
     code, retry_ms = 1, math.ceil(to_month_end * 1000)
   elseif daily >= 0 and tonumber(redis.call('GET', KEYS[i+4]) or '0') + reserve > daily then
     code, retry_ms = 2, math.ceil(to_day_end * 1000)
+  elseif monthly_spend >= 0
+      and tonumber(redis.call('GET', KEYS[i+7]) or '0') + reserve_micros > monthly_spend then
+    code, retry_ms = 6, math.ceil(to_month_end * 1000)
+  elseif daily_spend >= 0
+      and tonumber(redis.call('GET', KEYS[i+6]) or '0') + reserve_micros > daily_spend then
+    code, retry_ms = 7, math.ceil(to_day_end * 1000)
   elseif rpm >= 0 and redis.call('ZCARD', KEYS[i]) + 1 > rpm then
     code = 3
     retry_ms = oldest_reset_ms(KEYS[i])
@@ -118,7 +128,7 @@ end
 local ttl_window = math.ceil(window) + 1
 local ttl_lease = math.ceil(lease_expiry - now) + 1
 for s = 0, n - 1 do
-  local i = 2 + s * 6
+  local i = 2 + s * 8
   redis.call('ZADD', KEYS[i], now, rid)
   redis.call('HSET', KEYS[i+1], rid, reserve)
   redis.call('INCRBY', KEYS[i+2], reserve)
@@ -131,6 +141,13 @@ for s = 0, n - 1 do
   redis.call('EXPIRE', KEYS[i+3], ttl_lease)
   redis.call('EXPIRE', KEYS[i+4], math.ceil(to_day_end) + 86400)
   redis.call('EXPIRE', KEYS[i+5], math.ceil(to_month_end) + 86400)
+  -- an unpriced request (cost 0) creates no spend keys: nothing to count, nothing to store
+  if reserve_micros > 0 then
+    redis.call('INCRBY', KEYS[i+6], reserve_micros)
+    redis.call('INCRBY', KEYS[i+7], reserve_micros)
+    redis.call('EXPIRE', KEYS[i+6], math.ceil(to_day_end) + 86400)
+    redis.call('EXPIRE', KEYS[i+7], math.ceil(to_month_end) + 86400)
+  end
 end
 redis.call('SET', KEYS[1], reserve, 'EX', marker_ttl)
 local out = {1}
@@ -143,10 +160,11 @@ local rid = ARGV[1]
 local used = tonumber(ARGV[2])
 local reserved = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
+local micros_delta = tonumber(ARGV[5]) - tonumber(ARGV[6])
 if redis.call('DEL', KEYS[1]) == 0 then return 0 end
 local delta = used - reserved
 for s = 0, n - 1 do
-  local i = 2 + s * 6
+  local i = 2 + s * 8
   redis.call('ZREM', KEYS[i+3], rid)
   if redis.call('HEXISTS', KEYS[i+1], rid) == 1 then
     redis.call('HSET', KEYS[i+1], rid, used)
@@ -154,6 +172,8 @@ for s = 0, n - 1 do
   end
   if redis.call('EXISTS', KEYS[i+4]) == 1 then redis.call('INCRBY', KEYS[i+4], delta) end
   if redis.call('EXISTS', KEYS[i+5]) == 1 then redis.call('INCRBY', KEYS[i+5], delta) end
+  if redis.call('EXISTS', KEYS[i+6]) == 1 then redis.call('INCRBY', KEYS[i+6], micros_delta) end
+  if redis.call('EXISTS', KEYS[i+7]) == 1 then redis.call('INCRBY', KEYS[i+7], micros_delta) end
 end
 return 1
 """
@@ -172,6 +192,8 @@ return {
   tonumber(redis.call('GET', KEYS[5]) or '0'),
   tonumber(redis.call('GET', KEYS[6]) or '0'),
   reset_ms,
+  tonumber(redis.call('GET', KEYS[7]) or '0'),
+  tonumber(redis.call('GET', KEYS[8]) or '0'),
 }
 """
 

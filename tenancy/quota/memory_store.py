@@ -24,6 +24,7 @@ from tenancy.quota.store import (
     PENDING_TTL_S,
     WINDOW_S,
     Admission,
+    BudgetCharge,
     Limit,
     QuotaExceeded,
     QuotaSubject,
@@ -41,7 +42,8 @@ class _Ledger:
     num_tokens: int = 0
     leases: dict[str, float] = field(default_factory=dict)  # request id -> expiry
     lease_heap: list[tuple[float, str]] = field(default_factory=list)
-    budgets: dict[str, int] = field(default_factory=dict)  # "d:YYYYMMDD" / "m:YYYYMM" -> tokens
+    # "d:YYYYMMDD" / "m:YYYYMM" -> tokens; "dc:YYYYMMDD" / "mc:YYYYMM" -> micro-units spent
+    budgets: dict[str, int] = field(default_factory=dict)
 
     def purge(self, now: float) -> None:
         while self.window and self.window[0][0] <= now - WINDOW_S:
@@ -82,16 +84,21 @@ class InProcessQuotaStore:
         return ledger
 
     def _check(
-        self, ledger: _Ledger, subject: QuotaSubject, reserve: int, now: float, day: str, month: str
+        self, ledger: _Ledger, subject: QuotaSubject, reserve: int, micros: int, now: float
     ) -> tuple[Limit, float] | None:
-        _, _, to_day_end, to_month_end = periods(now)
+        day, month, to_day_end, to_month_end = periods(now)
+        budgets = ledger.budgets
         for limit in LIMIT_ORDER:
             cap = subject.limits.get(limit)
             if cap is None:
                 continue
-            if limit is Limit.MONTHLY and ledger.budgets.get("m:" + month, 0) + reserve > cap:
+            if limit is Limit.MONTHLY and budgets.get("m:" + month, 0) + reserve > cap:
                 return limit, to_month_end
-            if limit is Limit.DAILY and ledger.budgets.get("d:" + day, 0) + reserve > cap:
+            if limit is Limit.DAILY and budgets.get("d:" + day, 0) + reserve > cap:
+                return limit, to_day_end
+            if limit is Limit.MONTHLY_SPEND and budgets.get("mc:" + month, 0) + micros > cap:
+                return limit, to_month_end
+            if limit is Limit.DAILY_SPEND and budgets.get("dc:" + day, 0) + micros > cap:
                 return limit, to_day_end
             if limit is Limit.RPM and len(ledger.window) + 1 > cap:
                 return limit, (ledger.window[0][0] + WINDOW_S - now) if ledger.window else WINDOW_S
@@ -102,7 +109,12 @@ class InProcessQuotaStore:
         return None
 
     async def admit(
-        self, *, request_id: RequestId, subjects: list[QuotaSubject], reserve_tokens: int
+        self,
+        *,
+        request_id: RequestId,
+        subjects: list[QuotaSubject],
+        reserve_tokens: int,
+        reserve_micros: int = 0,
     ) -> Admission:
         with self._lock:
             if (replayed := self._pending.get(request_id)) is not None:
@@ -115,7 +127,7 @@ class InProcessQuotaStore:
             for ledger in ledgers:
                 ledger.purge(now)
             for subject, ledger in zip(subjects, ledgers, strict=True):
-                rejected = self._check(ledger, subject, reserve_tokens, now, day, month)
+                rejected = self._check(ledger, subject, reserve_tokens, reserve_micros, now)
                 if rejected is not None:
                     rate = rate_info(subjects, [lg.state(now) for lg in ledgers])
                     raise QuotaExceeded(
@@ -131,10 +143,13 @@ class InProcessQuotaStore:
                 heapq.heappush(ledger.lease_heap, (expiry, request_id))
                 for period in ("d:" + day, "m:" + month):
                     ledger.budgets[period] = ledger.budgets.get(period, 0) + reserve_tokens
+                for period in ("dc:" + day, "mc:" + month):
+                    ledger.budgets[period] = ledger.budgets.get(period, 0) + reserve_micros
             admission = Admission(
                 request_id=request_id,
                 subject_keys=tuple(s.key for s in subjects),
                 reserved_tokens=reserve_tokens,
+                reserved_micros=reserve_micros,
                 day=day,
                 month=month,
                 rate=rate_info(subjects, [lg.state(now) for lg in ledgers]),
@@ -143,7 +158,7 @@ class InProcessQuotaStore:
             self._pending_order.append((now, request_id))
             return admission
 
-    async def settle(self, admission: Admission, *, used_tokens: int) -> None:
+    async def settle(self, admission: Admission, *, used_tokens: int, used_micros: int = 0) -> None:
         with self._lock:
             if self._pending.pop(admission.request_id, None) is None:
                 return  # already settled
@@ -157,16 +172,22 @@ class InProcessQuotaStore:
                     ledger.num_tokens += delta
                 for period in ("d:" + admission.day, "m:" + admission.month):
                     ledger.budgets[period] = ledger.budgets.get(period, 0) + delta
+                micros_delta = used_micros - admission.reserved_micros
+                for period in ("dc:" + admission.day, "mc:" + admission.month):
+                    ledger.budgets[period] = ledger.budgets.get(period, 0) + micros_delta
 
-    def restore_budgets(self, spent: Iterable[tuple[str, int, int]]) -> None:
-        """Add (subject key, day tokens, month tokens) to the current periods' budget counters:
-        what the usage ledger says was spent before this store existed (a restart)."""
+    def restore_budgets(self, spent: Iterable[BudgetCharge]) -> None:
+        """Add what the usage ledger says was spent before this store existed (a restart) to
+        the current periods' budget counters, tokens and micro-units."""
         with self._lock:
             day, month, _, _ = periods(self._clock())
-            for key, day_tokens, month_tokens in spent:
-                budgets = self._ledger(key).budgets
-                budgets["d:" + day] = budgets.get("d:" + day, 0) + day_tokens
-                budgets["m:" + month] = budgets.get("m:" + month, 0) + month_tokens
+            for charge in spent:
+                budgets = self._ledger(charge.subject_key).budgets
+                for period, amount in (
+                    ("d:" + day, charge.day_tokens), ("m:" + month, charge.month_tokens),
+                    ("dc:" + day, charge.day_micros), ("mc:" + month, charge.month_micros),
+                ):  # fmt: skip
+                    budgets[period] = budgets.get(period, 0) + amount
 
     async def usage(self, subject_key: str) -> QuotaUsage:
         with self._lock:
@@ -181,6 +202,8 @@ class InProcessQuotaStore:
                 day_tokens=ledger.budgets.get("d:" + day, 0),
                 month_tokens=ledger.budgets.get("m:" + month, 0),
                 window_reset_s=ledger.state(now).requests_reset_s,
+                day_spend_micros=ledger.budgets.get("dc:" + day, 0),
+                month_spend_micros=ledger.budgets.get("mc:" + month, 0),
             )
 
     async def close(self) -> None:

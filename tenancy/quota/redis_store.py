@@ -36,7 +36,10 @@ from tenancy.quota.store import (
 )
 from tenancy.redis_client import RedisClient
 
-_CODES = {1: Limit.MONTHLY, 2: Limit.DAILY, 3: Limit.RPM, 4: Limit.TPM, 5: Limit.CONCURRENCY}
+_CODES = {
+    1: Limit.MONTHLY, 2: Limit.DAILY, 3: Limit.RPM, 4: Limit.TPM, 5: Limit.CONCURRENCY,
+    6: Limit.MONTHLY_SPEND, 7: Limit.DAILY_SPEND,
+}  # fmt: skip
 
 
 class _Script:
@@ -61,6 +64,8 @@ def _limit_args(subject: QuotaSubject) -> list[int]:
     values = (
         lim.monthly_token_budget,
         lim.daily_token_budget,
+        lim.monthly_spend_budget_micros,
+        lim.daily_spend_budget_micros,
         lim.requests_per_minute,
         lim.tokens_per_minute,
         lim.max_concurrent,
@@ -88,7 +93,8 @@ class RedisQuotaStore:
 
     def _keys(self, group: str, subject_key: str, day: str, month: str) -> list[str]:
         base = f"{self._prefix}q:{{{group}}}:{subject_key}:"
-        return [base + s for s in ("win", "tok", "sum", "lease", f"d:{day}", f"m:{month}")]
+        names = ("win", "tok", "sum", "lease", f"d:{day}", f"m:{month}", f"dc:{day}", f"mc:{month}")
+        return [base + s for s in names]
 
     def _marker(self, group: str, request_id: str) -> str:
         return f"{self._prefix}q:{{{group}}}:rq:{request_id}"
@@ -104,7 +110,12 @@ class RedisQuotaStore:
                 self._indexed.add(subject.key)
 
     async def admit(
-        self, *, request_id: RequestId, subjects: list[QuotaSubject], reserve_tokens: int
+        self,
+        *,
+        request_id: RequestId,
+        subjects: list[QuotaSubject],
+        reserve_tokens: int,
+        reserve_micros: int = 0,
     ) -> Admission:
         now = self._clock()
         day, month, to_day_end, to_month_end = periods(now)
@@ -113,6 +124,7 @@ class RedisQuotaStore:
         args: list[str | int | float] = [
             repr(now), request_id, reserve_tokens, repr(now + self._lease_ttl_s), WINDOW_S,
             repr(to_day_end), repr(to_month_end), int(PENDING_TTL_S), len(subjects),
+            reserve_micros,
         ]  # fmt: skip
         for subject in subjects:
             keys += self._keys(group, subject.key, day, month)
@@ -130,6 +142,7 @@ class RedisQuotaStore:
                 request_id=request_id,
                 subject_keys=tuple(s.key for s in subjects),
                 reserved_tokens=reserve_tokens,
+                reserved_micros=reserve_micros,
                 day=day,
                 month=month,
                 rate=rate,
@@ -142,14 +155,14 @@ class RedisQuotaStore:
             rate=rate_info(subjects, _states(values[4:])),
         )
 
-    async def settle(self, admission: Admission, *, used_tokens: int) -> None:
+    async def settle(self, admission: Admission, *, used_tokens: int, used_micros: int = 0) -> None:
         group = admission.subject_keys[0]
         keys = [self._marker(group, admission.request_id)]
         for key in admission.subject_keys:
             keys += self._keys(group, key, admission.day, admission.month)
         args: list[str | int | float] = [
             admission.request_id, used_tokens, admission.reserved_tokens,
-            len(admission.subject_keys),
+            len(admission.subject_keys), used_micros, admission.reserved_micros,
         ]  # fmt: skip
         try:
             await self._settle(self._client, keys, args)
@@ -168,8 +181,11 @@ class RedisQuotaStore:
         except (RedisError, OSError) as exc:
             raise QuotaStoreUnavailable() from exc
         assert isinstance(reply, list)
-        r, t, leases, d, m, reset_ms = (int(v) for v in reply)
-        return QuotaUsage(r, t, leases, d, m, window_reset_s=max(0, reset_ms) / 1000)
+        r, t, leases, d, m, reset_ms, dc, mc = (int(v) for v in reply)
+        return QuotaUsage(
+            r, t, leases, d, m, window_reset_s=max(0, reset_ms) / 1000,
+            day_spend_micros=dc, month_spend_micros=mc,
+        )  # fmt: skip
 
     async def close(self) -> None:
         await self._client.aclose()

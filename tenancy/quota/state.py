@@ -11,6 +11,8 @@ Redis), so the admin API, the CLI and the dashboard show the numbers admission e
 | max_concurrent | leases held by requests in flight | none: a slot frees when a request ends |
 | daily_token_budget | tokens charged this UTC day | the next UTC midnight |
 | monthly_token_budget | tokens charged this UTC month | the first of the next UTC month |
+| daily_spend_budget_micros | micro-units of the currency charged this UTC day | the next UTC midnight |
+| monthly_spend_budget_micros | micro-units charged this UTC month | the first of the next UTC month |
 
 A key without a policy of its own has no counters (admission checks only the tenant for it):
 its state says so (`has_own_policy` false) and every limit is null.
@@ -30,7 +32,10 @@ from tenancy.crud.tenants import load_tenant
 from tenancy.quota.rejections import RejectionLog
 from tenancy.quota.store import Limit, QuotaLimits, QuotaStore, QuotaUsage, periods
 
-READING_ORDER = (Limit.RPM, Limit.TPM, Limit.CONCURRENCY, Limit.DAILY, Limit.MONTHLY)
+READING_ORDER = (
+    Limit.RPM, Limit.TPM, Limit.CONCURRENCY, Limit.DAILY, Limit.MONTHLY,
+    Limit.DAILY_SPEND, Limit.MONTHLY_SPEND,
+)  # fmt: skip
 
 
 class LimitState(BaseModel):
@@ -59,6 +64,8 @@ def _used(limit: Limit, usage: QuotaUsage) -> int:
         Limit.CONCURRENCY: usage.num_leases,
         Limit.DAILY: usage.day_tokens,
         Limit.MONTHLY: usage.month_tokens,
+        Limit.DAILY_SPEND: usage.day_spend_micros,
+        Limit.MONTHLY_SPEND: usage.month_spend_micros,
     }[limit]
 
 
@@ -71,6 +78,8 @@ def limit_states(limits: QuotaLimits, usage: QuotaUsage, now: dt.datetime) -> li
         Limit.CONCURRENCY: None,
         Limit.DAILY: to_day_end,
         Limit.MONTHLY: to_month_end,
+        Limit.DAILY_SPEND: to_day_end,
+        Limit.MONTHLY_SPEND: to_month_end,
     }
     rows = []
     for limit in READING_ORDER:

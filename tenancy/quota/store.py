@@ -8,7 +8,11 @@ Semantics (identical in the in-process and the Redis store, checked by one test 
 - A rejected request reserves nothing, so it is never counted twice.
 - Settlement replaces the reservation with the real count (refunding the rest) and ends the lease;
   it is idempotent. Expired leases are reclaimed on every admission and on every read.
-- Checks, in order, per subject: monthly budget, daily budget, RPM, TPM, concurrency.
+- Currency budgets work as the token budgets do, in micro-units of the currency
+  (tenancy/spend/money.py): admission reserves the request's worst-case cost
+  (`reserve_micros`), settlement replaces it with the cost of what was used (`used_micros`).
+- Checks, in order, per subject: monthly budget, daily budget, monthly spend budget, daily spend
+  budget, RPM, TPM, concurrency.
 """
 
 from __future__ import annotations
@@ -30,12 +34,18 @@ PENDING_TTL_S = 86400.0
 class Limit(StrEnum):
     MONTHLY = "monthly_token_budget"
     DAILY = "daily_token_budget"
+    MONTHLY_SPEND = "monthly_spend_budget_micros"
+    DAILY_SPEND = "daily_spend_budget_micros"
     RPM = "requests_per_minute"
     TPM = "tokens_per_minute"
     CONCURRENCY = "max_concurrent"
 
 
-LIMIT_ORDER = (Limit.MONTHLY, Limit.DAILY, Limit.RPM, Limit.TPM, Limit.CONCURRENCY)
+LIMIT_ORDER = (
+    Limit.MONTHLY, Limit.DAILY, Limit.MONTHLY_SPEND, Limit.DAILY_SPEND,
+    Limit.RPM, Limit.TPM, Limit.CONCURRENCY,
+)  # fmt: skip
+BUDGETS = frozenset({Limit.MONTHLY, Limit.DAILY, Limit.MONTHLY_SPEND, Limit.DAILY_SPEND})
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,8 @@ class QuotaLimits:
     max_concurrent: int | None = None
     daily_token_budget: int | None = None
     monthly_token_budget: int | None = None
+    daily_spend_budget_micros: int | None = None
+    monthly_spend_budget_micros: int | None = None
 
     def get(self, limit: Limit) -> int | None:
         value: int | None = getattr(self, limit.value)
@@ -127,6 +139,7 @@ class Admission:
     request_id: RequestId
     subject_keys: tuple[str, ...]
     reserved_tokens: int
+    reserved_micros: int  # the worst-case cost charged to the currency budgets
     day: str  # the UTC periods charged at admission; settlement adjusts the same ones
     month: str
     rate: RateLimitInfo
@@ -143,6 +156,21 @@ class QuotaUsage:
     month_tokens: int
     # Until the oldest request in the 60 s window leaves it (RPM and TPM free up); 0 if empty.
     window_reset_s: float = 0.0
+    # Micro-units of the currency charged this UTC day and month (reserved, or settled).
+    day_spend_micros: int = 0
+    month_spend_micros: int = 0
+
+
+@dataclass(frozen=True)
+class BudgetCharge:
+    """What a subject was charged this UTC day and month before a store started (restored from
+    the usage ledger into an in-process store)."""
+
+    subject_key: str
+    day_tokens: int
+    month_tokens: int
+    day_micros: int = 0
+    month_micros: int = 0
 
 
 class QuotaExceeded(ClientError):
@@ -156,7 +184,7 @@ class QuotaExceeded(ClientError):
         self.retry_after_s = retry_after_s
         self.rate = rate
         headers = rate.headers()
-        is_budget = limit in (Limit.DAILY, Limit.MONTHLY)
+        is_budget = limit in BUDGETS
         headers["retry-after"] = str(max(1, math.ceil(retry_after_s)))
         headers["retry-after-ms"] = str(max(0, math.ceil(retry_after_s * 1000)))
         if is_budget:
@@ -187,7 +215,12 @@ def periods(now: float) -> tuple[str, str, float, float]:
 
 class QuotaStore(Protocol):
     async def admit(
-        self, *, request_id: RequestId, subjects: list[QuotaSubject], reserve_tokens: int
+        self,
+        *,
+        request_id: RequestId,
+        subjects: list[QuotaSubject],
+        reserve_tokens: int,
+        reserve_micros: int = 0,
     ) -> Admission:
         """Reserve for every subject at once, or raise QuotaExceeded having reserved nothing.
         Admitting a request id again before it is settled returns its admission and reserves
@@ -195,8 +228,9 @@ class QuotaStore(Protocol):
         dropped connection) must not charge twice or fail a request already admitted."""
         ...
 
-    async def settle(self, admission: Admission, *, used_tokens: int) -> None:
-        """Replace the reservation with `used_tokens` and end the lease; idempotent."""
+    async def settle(self, admission: Admission, *, used_tokens: int, used_micros: int = 0) -> None:
+        """Replace the reservations with `used_tokens` and `used_micros` and end the lease;
+        idempotent."""
         ...
 
     async def usage(self, subject_key: str) -> QuotaUsage: ...

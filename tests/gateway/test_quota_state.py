@@ -19,7 +19,9 @@ from tenancy.quota.store import QuotaLimits, QuotaSubject, QuotaUsage
 
 RPM = 4
 LIMITS = {"requests_per_minute": RPM, "tokens_per_minute": 100_000, "max_concurrent": 3,
-          "daily_token_budget": 1_000_000, "monthly_token_budget": 5_000_000}  # fmt: skip
+          "daily_token_budget": 1_000_000, "monthly_token_budget": 5_000_000,
+          "daily_spend_budget_micros": 2_000_000, "monthly_spend_budget_micros": 9_000_000,
+          }  # fmt: skip
 
 
 @pytest_asyncio.fixture(params=["inprocess", pytest.param("redis", marks=pytest.mark.redis)])
@@ -63,6 +65,8 @@ def _assert_equals_store(state: dict[str, Any], usage: QuotaUsage, limits: dict[
         "max_concurrent": usage.num_leases,
         "daily_token_budget": usage.day_tokens,
         "monthly_token_budget": usage.month_tokens,
+        "daily_spend_budget_micros": usage.day_spend_micros,
+        "monthly_spend_budget_micros": usage.month_spend_micros,
     }
     rows = {row["name"]: row for row in state["limits"]}
     assert list(rows) == list(used)  # every limit, in reading order
