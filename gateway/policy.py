@@ -1,8 +1,9 @@
 """Tenant policy for inference requests: API key -> tenant context, quota subjects, adapter
 visibility, model resolution and priority clamping.
 
-Quota policies and adapter lists are cached per tenant for `policy_cache_ttl_s` (seconds), so the
-hot path reaches the database only when a cache entry expires; key verification has its own
+Quota policies and adapter lists are cached per tenant, and prices per model and adapter, for
+`policy_cache_ttl_s` (seconds), so the hot path reaches the database only when a cache entry
+expires; key verification has its own
 short-TTL cache with revocation over pub/sub (tenancy.auth.key_verify).
 """
 
@@ -25,6 +26,8 @@ from tenancy.errors import DatabaseUnavailable, InsufficientScope
 from tenancy.ids import ApiKeyId, TenantId
 from tenancy.quota.store import QuotaSubject
 from tenancy.runtime import TenancyRuntime
+from tenancy.spend.money import Price
+from tenancy.spend.prices import price_for
 from tenancy.sql.models import Adapter
 
 # An unknown model name reloads the tenant's adapter list if the cached one is older than this.
@@ -96,6 +99,9 @@ class AdapterRef:
 class ResolvedModel:
     name: str  # as the client asked, echoed in responses
     adapter: AdapterRef | None
+    # What a request to it pays, fixed when it is resolved: admission reserves at this price and
+    # the ledger records its cost at it, whatever the prices are by the time it ends.
+    price: Price = field(default_factory=Price)
 
     @property
     def engine_model(self) -> str | None:
@@ -109,6 +115,7 @@ class PolicyService:
         self.started_at = int(time.time())  # the base model's `created`
         self._subjects: TtlCache[tuple[str, str], list[QuotaSubject]] = TtlCache(cache_ttl_s)
         self._adapters: TtlCache[str, dict[str, AdapterRef]] = TtlCache(cache_ttl_s)
+        self._prices: TtlCache[str, Price] = TtlCache(cache_ttl_s)  # by adapter id, "" the base
 
     async def authenticate(self, authorization: str | None) -> TenantContext:
         """401 for any bad key (one shape), 403 for a key without the inference scope."""
@@ -173,10 +180,32 @@ class PolicyService:
         to all). Other gateway processes catch up within `cache_ttl_s`."""
         self._adapters.clear()
 
+    async def price(self, adapter: AdapterRef | None) -> Price:
+        """The price of the base model, or of one adapter on it (its own, else the model's)."""
+        adapter_id = adapter.adapter_id if adapter is not None else None
+
+        async def load() -> Price:
+            try:
+                async with self._runtime.sessionmaker() as session:
+                    return await price_for(
+                        session, model=self.base_model, adapter_id=adapter_id,
+                        defaults=self._runtime.settings.prices,
+                    )  # fmt: skip
+            except (OperationalError, DBAPIError, OSError) as exc:
+                raise DatabaseUnavailable() from exc
+
+        return await self._prices.get(adapter_id or "", load)
+
+    def forget_prices(self) -> None:
+        """A price was set: requests admitted from now on pay it (other processes: within
+        `cache_ttl_s`)."""
+        self._prices.clear()
+
     async def resolve(self, ctx: TenantContext, model: str) -> ResolvedModel:
-        """The base model, or an adapter visible to this tenant; anything else is a 404."""
+        """The base model, or an adapter visible to this tenant (with its price); anything else
+        is a 404."""
         if model == self.base_model:
-            return ResolvedModel(name=model, adapter=None)
+            return ResolvedModel(name=model, adapter=None, price=await self.price(None))
         adapter = (await self.adapters(ctx)).get(model)
         if adapter is None:
             # Maybe uploaded since the list was cached: look again, at most a few times a second
@@ -184,4 +213,4 @@ class PolicyService:
             adapter = (await self.adapters(ctx, max_age_s=MISS_RELOAD_S)).get(model)
         if adapter is None:
             raise ModelNotFound()
-        return ResolvedModel(name=model, adapter=adapter)
+        return ResolvedModel(name=model, adapter=adapter, price=await self.price(adapter))

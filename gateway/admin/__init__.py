@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gateway.admin import adapters, audit, keys, quota_state, quotas, tenants, usage
+from gateway.admin import adapters, audit, keys, quota_state, quotas, spend, tenants, usage
 
 PREFIX = "/admin/v1"
 
 
 def admin_router() -> APIRouter:
     router = APIRouter(prefix=PREFIX)
-    for module in (tenants, keys, quotas, quota_state, adapters, usage, audit):
+    for module in (tenants, keys, quotas, quota_state, adapters, usage, audit, spend):
         router.include_router(module.router)
     return router
 

@@ -59,9 +59,12 @@ class Bookkeeping:
             self._finished.popitem(last=False)
         output = run.output
         num_completion = output.num_completion_tokens
+        cost = run.cost_micros()  # at the price of its admission: the ledger keeps it
         try:
             await self._quotas.settle(
-                run.admission, used_tokens=run.num_prompt_tokens + num_completion
+                run.admission,
+                used_tokens=run.num_prompt_tokens + num_completion,
+                used_micros=cost,
             )
             self.num_settled += 1
         except ClientError:
@@ -81,6 +84,7 @@ class Bookkeeping:
                 finish_reason=_finish_reason(run),
                 started_at=run.started_at,
                 finished_at=dt.datetime.now(dt.UTC),
+                cost_micros=cost,
             )
         )
         self._observe(run, num_completion)

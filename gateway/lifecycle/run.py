@@ -31,6 +31,7 @@ from gateway.lifecycle.job import EngineTarget, Plan
 from tenancy.errors import ClientError
 from tenancy.ids import RequestId
 from tenancy.quota.store import Admission, QuotaStore, QuotaSubject
+from tenancy.spend.money import cost_micros, worst_case_micros
 
 if TYPE_CHECKING:
     from gateway.lifecycle.bookkeeping import Bookkeeping
@@ -96,6 +97,29 @@ class Run:
     def is_finished(self) -> bool:
         return self._task is not None and self._task.done()
 
+    @property
+    def reserve_micros(self) -> int:
+        """The most this request can cost at its model's price: every prompt planned and every
+        token it may generate (tenancy/spend/money.py); what admission holds of a currency
+        budget."""
+        num_prompt = sum(len(request.token_ids) for request in self.plan.requests)
+        return worst_case_micros(
+            self.target.model.price,
+            prompt_tokens=num_prompt,
+            max_completion_tokens=self.plan.reserve_tokens - num_prompt,
+        )
+
+    def cost_micros(self) -> int:
+        """What it cost: the prompts submitted, their cached part and every completion token
+        counted, at the price it was admitted at (never above `reserve_micros`)."""
+        num_prompt = self.num_prompt_tokens
+        return cost_micros(
+            self.target.model.price,
+            prompt_tokens=num_prompt,
+            cached_tokens=min(num_prompt, self.output.num_cached_tokens) if num_prompt else 0,
+            completion_tokens=self.output.num_completion_tokens,
+        )
+
     # ---- signals from outside (synchronous: safe in any `finally`) ------------------------------
 
     def client_gone(self) -> None:
@@ -125,6 +149,7 @@ class Run:
                 request_id=RequestId(self.request_id),
                 subjects=self._subjects,
                 reserve_tokens=self.plan.reserve_tokens,
+                reserve_micros=self.reserve_micros,
             )
             await self._open()
             await self._pump()

@@ -60,8 +60,9 @@ class PriceOut(BaseModel):
 
 
 class SpendRow(BaseModel):
-    """One group of the ledger: a key, or a model (with its adapter), or the tenant's total."""
+    """One group of the ledger: a tenant, a key, or a model (with its adapter)."""
 
+    tenant_id: str | None = None
     api_key_id: str | None = None
     model: str | None = None
     adapter_id: str | None = None
