@@ -5,7 +5,9 @@ Only the fields the viewer edited change: the form carries each field's value as
 (`was_<field>`), and a field whose sent value equals it keeps whatever the policy holds at the
 moment of saving, so two people editing different limits at once do not undo each other (the
 merge `loragate admin quotas set` does). The save is the admin API's `put_policy`, with its
-checks and its `quota.put` audit entry; a form with no edited field saves nothing.
+checks and its `quota.put` audit entry; a form with no edited field saves nothing. A key a
+tenant-admin limits must stay within its tenant: a field it leaves unlimited and unedited is
+saved as the tenant's limit (the bound it had anyway), as the form says.
 """
 
 from __future__ import annotations
@@ -103,7 +105,19 @@ async def save_quotas(
             )
             if not changed:
                 return done(here, "quota-unchanged")
-            merged = QuotaLimitsIn(**{**current.model_dump(include=set(FIELDS)), **changed})
+            values = {**current.model_dump(include=set(FIELDS)), **changed}
+            if subject is not None and not actor.viewer.is_admin:
+                # A tenant-admin's key may not be wider than its tenant (put_policy refuses an
+                # unlimited field where the tenant has a limit): a field left unlimited and
+                # not edited takes the tenant's limit, which bound the key already.
+                ceiling = await crud.get_policy(
+                    session, principal=actor.viewer.principal, tenant_id=tenant_id
+                )
+                for name in set(FIELDS) - set(changed):
+                    values[name] = (
+                        values[name] if values[name] is not None else ceiling.model_dump()[name]
+                    )
+            merged = QuotaLimitsIn(**values)
             await crud.put_policy(
                 session, ctx=actor.ctx, tenant_id=tenant_id, limits=merged, key_id=subject
             )

@@ -1,0 +1,412 @@
+"""Issue 45, acceptance 1: every action of the dashboard that acts, in a real headless Chromium
+against a real `loragate serve` (the world of tests/e2e/dashboard_world.py), at a desktop's
+1280 px and a phone's 390 px in the same browser, as an admin and as a tenant-admin, each
+checked against the admin API afterwards. Every new page is saved as a screenshot (with
+UPDATE_DASHBOARD_SCREENSHOTS=1 also under docs/screenshots/, what docs/dashboard.md shows) and
+must be readable at both widths. Switching an adapter's alias or version is not here: adapters
+have neither yet.
+
+The module makes tenants of its own (the world's acme and globex are other modules' numbers),
+and shares one browser across its tests.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from browser import screenshot, start_chromium, wait_for
+from dashboard_pages import open_page, readable
+from dashboard_world import MODEL, World, chat, sdk
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+
+from gateway.demo.adapters import demo_adapter_files
+from tenancy.adapters.base_model import base_model_spec
+
+pytestmark = pytest.mark.browser
+WIDTHS = (1280, 390)
+
+
+@dataclass
+class Shop:
+    """A tenant of this module's: its id, a tenant-admin key and an inference key."""
+
+    id: str
+    name: str
+    admin_key: str
+    inference_key: str
+
+
+def _new_key(world: World, tenant_id: str, name: str, scopes: list[str]) -> str:
+    r = world.gateway.admin("POST", f"/tenants/{tenant_id}/keys",
+                            json={"name": name, "scopes": scopes})  # fmt: skip
+    assert r.status_code == 201, r.text
+    world.gateway.secrets.append(r.json()["key"])
+    return str(r.json()["key"])
+
+
+@pytest.fixture(scope="module")
+def shop(world: World) -> Shop:
+    name = f"shop-{uuid.uuid4().hex[:6]}"
+    r = world.gateway.admin("POST", "/tenants", json={"name": name, "tier": "standard"})
+    assert r.status_code == 201, r.text
+    tenant_id = r.json()["id"]
+    world.gateway.tenant_ids.append(tenant_id)
+    assert world.gateway.admin("PUT", f"/tenants/{tenant_id}/quotas", json={
+        "requests_per_minute": 600, "tokens_per_minute": 100_000, "max_concurrent": 8,
+        "daily_token_budget": 1_000_000, "monthly_token_budget": None}).status_code == 200  # fmt: skip
+    return Shop(
+        id=tenant_id, name=name, admin_key=_new_key(world, tenant_id, "ops", ["tenant-admin"]),
+        inference_key=_new_key(world, tenant_id, "app", ["inference"]),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def d(chromium: tuple[str, str]) -> Iterator[webdriver.Chrome]:
+    browser = start_chromium(*chromium)
+    try:
+        yield browser
+    finally:
+        browser.quit()
+
+
+def as_user(d: webdriver.Chrome, world: World, key: str) -> None:
+    d.delete_all_cookies()
+    open_page(d, world, "/dashboard/login")
+    d.find_element(By.ID, "key").send_keys(key)
+    d.find_element(By.CSS_SELECTOR, 'form[action="/dashboard/login"] button').click()
+    wait_for(d, lambda d: d.current_url.endswith("/dashboard"))
+
+
+def at(d: webdriver.Chrome, width: int) -> None:
+    d.set_window_size(width, 900)
+
+
+def submit(d: webdriver.Chrome, css: str, *, confirm: bool = False, loads: bool = True) -> None:
+    """Click a form's button (and accept its confirmation); with `loads`, wait for the answer."""
+    page = d.find_element(By.TAG_NAME, "html")
+    d.find_element(By.CSS_SELECTOR, css).click()
+    if confirm:
+        wait_for(d, expected_conditions.alert_is_present())
+        d.switch_to.alert.accept()
+    if loads:
+        wait_for(d, expected_conditions.staleness_of(page))
+
+
+def flash(d: webdriver.Chrome) -> str:
+    return str(wait_for(d, lambda d: d.find_element(By.ID, "flash").text))
+
+
+def api(world: World, path: str, **params: Any) -> Any:
+    r = world.gateway.admin("GET", path, params=params)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def shots(world: World, d: webdriver.Chrome, name: str) -> None:
+    """The page at both widths, and readable at both."""
+    screenshot(d, world.shots / f"{name}.png")
+    screenshot(d, world.shots / f"{name}-phone.png", width=390)
+    readable(d)
+
+
+def test_admin_creates_suspends_and_reactivates_tenants(
+    world: World, d: webdriver.Chrome, shop: Shop
+) -> None:
+    as_user(d, world, world.gateway.admin_key)
+    made = []
+    for width in WIDTHS:
+        at(d, width)
+        open_page(d, world, "/dashboard")
+        name = f"made-{width}-{uuid.uuid4().hex[:4]}"
+        d.find_element(By.ID, "tenant-name").send_keys(name)
+        submit(d, "#create-tenant button")
+        assert flash(d) == "Tenant created."
+        assert d.find_element(By.TAG_NAME, "h1").text == name
+        made.append(d.current_url.rsplit("/", 1)[1].split("?")[0])
+        world.gateway.tenant_ids.append(made[-1])
+    listed = {t["id"]: t for t in api(world, "/tenants")}
+    assert all(listed[t]["status"] == "active" and listed[t]["tier"] == "standard" for t in made)
+    # A bad name is refused in place, naming the field.
+    open_page(d, world, "/dashboard")
+    d.find_element(By.ID, "tenant-name").send_keys("no spaces")
+    d.execute_script("document.getElementById('create-tenant').noValidate = true")
+    submit(d, "#create-tenant button")
+    assert "name:" in d.find_element(By.ID, "create-error").text
+    screenshot(d, world.shots / "tenant-create-error.png", width=1280)
+
+    for width, status in zip(WIDTHS, ("suspended", "active"), strict=True):
+        at(d, width)
+        open_page(d, world, f"/dashboard/tenants/{made[0]}")
+        submit(d, "#tenant-status-button", confirm=status == "suspended")
+        assert flash(d).startswith("Tenant suspended" if status == "suspended" else "Tenant re")
+        assert api(world, f"/tenants/{made[0]}")["status"] == status
+        if status == "suspended":
+            shots(world, d, "tenant-suspended")
+    # A tenant-admin has neither form.
+    as_user(d, world, shop.admin_key)
+    assert not d.find_elements(By.ID, "create-tenant")
+    open_page(d, world, f"/dashboard/tenants/{shop.id}")
+    assert not d.find_elements(By.ID, "tenant-status-button")
+
+
+def _keys_by_name(world: World, tenant_id: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key in api(world, f"/tenants/{tenant_id}/keys"):
+        out.setdefault(key["name"], []).append(key)
+    return out
+
+
+def _create_key(d: webdriver.Chrome, world: World, shop: Shop, name: str) -> str:
+    open_page(d, world, f"/dashboard/tenants/{shop.id}/keys")
+    d.find_element(By.ID, "key-name").send_keys(name)
+    submit(d, "#create-key button")
+    key = str(wait_for(d, lambda d: d.find_element(By.ID, "new-key-value").get_attribute("value")))
+    world.gateway.secrets.append(key)
+    return key
+
+
+def test_keys_are_created_copied_rotated_and_revoked(
+    world: World, d: webdriver.Chrome, shop: Shop
+) -> None:
+    origin = world.gateway.url
+    d.execute_cdp_cmd("Browser.grantPermissions", {
+        "origin": origin, "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]})  # fmt: skip
+    for user, key in (("tenant-admin", shop.admin_key), ("admin", world.gateway.admin_key)):
+        as_user(d, world, key)
+        for width in WIDTHS:
+            at(d, width)
+            name = f"{user}-{width}"
+            new_key = _create_key(d, world, shop, name)
+            assert new_key.startswith("lg_") and "/keys" in d.current_url
+            d.find_element(By.ID, "copy-key").click()
+            wait_for(d, lambda d: d.find_element(By.ID, "copy-status").text.startswith("Copied"))
+            copied = d.execute_async_script(
+                "navigator.clipboard.readText().then(arguments[0], () => arguments[0](''))"
+            )
+            assert copied == new_key
+            if (user, width) == ("tenant-admin", 1280):
+                shots(world, d, "key-created")
+            # The API knows it by name, masked; the key itself works for inference.
+            listed = _keys_by_name(world, shop.id)[name]
+            assert [k["last_four"] for k in listed] == [new_key[-4:]]
+            r = httpx.get(origin + "/v1/models", headers={"authorization": f"Bearer {new_key}"})
+            assert r.status_code == 200
+            # Shown once: the keys page never shows it again.
+            open_page(d, world, f"/dashboard/tenants/{shop.id}/keys")
+            assert new_key not in d.page_source and new_key[3:-4] not in d.page_source
+
+            # Rotate: a new key is shown once; the old one is replaced (in its grace period).
+            row = f'tr[data-key-id="{listed[0]["id"]}"]'
+            submit(d, f'{row} button[data-action="rotate"]')
+            rotated = str(wait_for(d, lambda d: d.find_element(
+                By.ID, "new-key-value").get_attribute("value")))  # fmt: skip
+            world.gateway.secrets.append(rotated)
+            after = {k["id"]: k for k in _keys_by_name(world, shop.id)[name]}
+            assert after[listed[0]["id"]]["replaced_by_id"] in after
+            assert rotated[-4:] in {k["last_four"] for k in after.values()} and rotated != new_key
+
+            # Revoke the new one: confirmed, then gone from inference within seconds.
+            new_id = after[listed[0]["id"]]["replaced_by_id"]
+            open_page(d, world, f"/dashboard/tenants/{shop.id}/keys")
+            submit(d, f'tr[data-key-id="{new_id}"] button[data-action="revoke"]', confirm=True)
+            assert flash(d).startswith("Key revoked")
+            revoked = {k["id"]: k for k in _keys_by_name(world, shop.id)[name]}[new_id]
+            assert revoked["revoked_at"] is not None
+            status = d.find_element(By.CSS_SELECTOR, f'tr[data-key-id="{new_id}"]')
+            assert status.get_attribute("data-status") == "revoked"
+    at(d, 1280)
+    shots(world, d, "keys")
+
+
+def test_quotas_change_only_the_fields_edited(
+    world: World, d: webdriver.Chrome, shop: Shop
+) -> None:
+    path = f"/tenants/{shop.id}/quotas"
+    before = api(world, path)
+    as_user(d, world, world.gateway.admin_key)
+    for width, (field, value) in zip(WIDTHS, (("requests_per_minute", 450),
+                                              ("daily_token_budget", 2_000_000)), strict=True):  # fmt: skip
+        at(d, width)
+        open_page(d, world, f"/dashboard/tenants/{shop.id}/quotas")
+        box = d.find_element(By.ID, f"q-{field}")
+        assert box.get_attribute("value") == str(before[field])  # pre-filled with the policy
+        box.clear()
+        box.send_keys(str(value))
+        submit(d, "#quota-form button[type=submit]")
+        assert flash(d) == "Limits saved."
+        before[field] = value
+        assert api(world, path) == before  # that field, and no other
+    shots(world, d, "quotas")
+    # A tenant-admin: the tenant's limits are read-only; a key's own limits are its to set.
+    as_user(d, world, shop.admin_key)
+    key_id = _keys_by_name(world, shop.id)["app"][0]["id"]
+    for width, concurrent in zip(WIDTHS, (4, 3), strict=True):
+        at(d, width)
+        open_page(d, world, f"/dashboard/tenants/{shop.id}/quotas")
+        assert d.find_element(By.ID, "read-only").is_displayed()
+        assert not d.find_element(By.ID, "q-max_concurrent").is_enabled()
+        submit(d, f'#subjects a[href$="key_id={key_id}"]')
+        box = d.find_element(By.ID, "q-max_concurrent")
+        assert box.is_enabled()
+        box.clear()
+        box.send_keys(str(concurrent))
+        submit(d, "#quota-form button[type=submit]")
+        assert flash(d) == "Limits saved."
+        key_policy = api(world, f"/tenants/{shop.id}/keys/{key_id}/quotas")
+        assert key_policy["max_concurrent"] == concurrent
+        # Not edited, and unlimited: the tenant's limit (a key's may not be wider).
+        assert key_policy["requests_per_minute"] == before["requests_per_minute"]
+        assert key_policy["monthly_token_budget"] is None  # the tenant has none either
+    # Above the tenant's limit: the service's refusal, on the page.
+    box = d.find_element(By.ID, "q-max_concurrent")
+    box.clear()
+    box.send_keys("99")
+    submit(d, "#quota-form button[type=submit]")
+    assert "cannot exceed" in d.find_element(By.ID, "form-error").text
+    assert api(world, f"/tenants/{shop.id}/keys/{key_id}/quotas")["max_concurrent"] == 3
+    shots(world, d, "quotas-key")
+
+
+def _adapter_dir(tmp: Path, model_dir: Path, name: str, rank: int) -> list[str]:
+    spec = base_model_spec(model_dir, MODEL)
+    folder = tmp / name
+    folder.mkdir()
+    paths = []
+    for f in demo_adapter_files(spec, seed=5, rank=rank):
+        (folder / f.filename).write_bytes(f.data)
+        paths.append(str(folder / f.filename))
+    return paths
+
+
+def test_adapters_upload_with_progress_and_refusals_in_place(
+    world: World, d: webdriver.Chrome, shop: Shop, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    good = _adapter_dir(tmp_path, tiny_model_dir, "good", rank=8)
+    max_rank = api(world, "/adapters/limits")["max_rank"]
+    too_wide = _adapter_dir(tmp_path, tiny_model_dir, "wide", rank=max_rank * 2)
+    for user, key in (("ta", shop.admin_key), ("admin", world.gateway.admin_key)):
+        as_user(d, world, key)
+        for width in WIDTHS:
+            at(d, width)
+            open_page(d, world, f"/dashboard/tenants/{shop.id}/adapters")
+            # Refused: the server's reason, beside the form, and nothing stored.
+            d.find_element(By.ID, "adapter-name").send_keys(f"wide-{user}-{width}")
+            d.find_element(By.ID, "adapter-files").send_keys("\n".join(too_wide))
+            submit(d, "#upload-button", loads=False)
+            error = wait_for(d, lambda d: d.find_element(By.ID, "upload-error").text)
+            assert "rank" in str(error).lower(), error
+            if (user, width) == ("ta", 390):
+                screenshot(d, world.shots / "adapters-refused-phone.png", width=390)
+            # Accepted: the progress bar, then the list.
+            name = f"bot-{user}-{width}"
+            d.find_element(By.ID, "adapter-name").clear()
+            d.find_element(By.ID, "adapter-name").send_keys(name)
+            d.find_element(By.ID, "adapter-files").clear()
+            d.find_element(By.ID, "adapter-files").send_keys("\n".join(good))
+            submit(d, "#upload-button", loads=False)
+            assert flash(d) == "Adapter uploaded."
+            assert name in d.find_element(By.ID, "adapters").text
+    names = {a["name"] for a in api(world, f"/tenants/{shop.id}/adapters")}
+    assert {f"bot-{u}-{w}" for u in ("ta", "admin") for w in WIDTHS} <= names
+    assert not any(n.startswith("wide-") for n in names)
+    at(d, 1280)
+    open_page(d, world, f"/dashboard/tenants/{shop.id}/adapters")
+    shots(world, d, "adapters")
+    # The progress bar moves on a slow upload's events (here: the element and its updates).
+    assert d.find_element(By.ID, "upload-bar").get_attribute("max") == "100"
+
+
+def _per(d: webdriver.Chrome, table: str, attr: str) -> dict[str, tuple[int, int]]:
+    return {
+        str(row.get_attribute(attr)): (int(row.get_attribute("data-requests") or 0),
+                                       int(row.get_attribute("data-tokens") or 0))
+        for row in d.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr[{attr}]")
+    }  # fmt: skip
+
+
+def test_usage_over_a_time_range_per_key_and_per_model(
+    world: World, d: webdriver.Chrome, shop: Shop
+) -> None:
+    second = _new_key(world, shop.id, "batch", ["inference"])
+    for key, n in ((shop.inference_key, 2), (second, 1)):
+        for i in range(n):
+            chat(sdk(world.gateway, key), MODEL, f"Usage page request {i}.", 5)
+    today = dt.datetime.now(dt.UTC).date()
+    rows: list[dict[str, Any]] = []
+    for _ in range(100):  # the usage writer flushes every 50 ms here
+        rows = api(world, f"/tenants/{shop.id}/usage")
+        if sum(r["num_requests"] for r in rows) >= 3:
+            break
+        time.sleep(0.1)
+    ledger = {r["model"]: (r["num_requests"], r["prompt_tokens"] + r["completion_tokens"])
+              for r in rows}  # fmt: skip
+    keys = {k["name"]: k["id"] for k in api(world, f"/tenants/{shop.id}/keys")}
+    for user, key in (("ta", shop.admin_key), ("admin", world.gateway.admin_key)):
+        as_user(d, world, key)
+        at(d, 1280 if user == "ta" else 390)
+        open_page(d, world, f"/dashboard/tenants/{shop.id}/usage")
+        d.find_element(By.CSS_SELECTOR, '#presets a[data-range="24h"]').click()
+        wait_for(d, lambda d: "range=24h" in d.current_url)
+        assert _per(d, "per-model", "data-model") == ledger
+        per_key = _per(d, "per-key", "data-key-id")
+        assert per_key[keys["app"]][0] == 2 and per_key[keys["batch"]][0] == 1
+        assert sum(t for _, t in per_key.values()) == sum(t for _, t in ledger.values())
+        if user == "ta":
+            shots(world, d, "usage")
+        # Custom dates: yesterday only holds none of it; today holds all of it.
+        for day, expected in ((today - dt.timedelta(days=1), {}), (today, ledger)):
+            for field in ("range-from", "range-to"):
+                d.execute_script("arguments[0].value = arguments[1]",
+                                 d.find_element(By.ID, field), day.isoformat())  # fmt: skip
+            submit(d, "#custom-range button")
+            wait_for(d, lambda d, day=day: f"from={day.isoformat()}" in d.current_url)
+            assert _per(d, "per-model", "data-model") == expected
+    # A backwards range is refused in place, naming the field.
+    open_page(d, world, f"/dashboard/tenants/{shop.id}/usage?range=custom&from={today}&to="
+              f"{today - dt.timedelta(days=3)}")  # fmt: skip
+    assert d.find_element(By.ID, "range-error").text.startswith("from:")
+
+
+def test_audit_log_filters_and_csv_export(world: World, d: webdriver.Chrome, shop: Shop) -> None:
+    for user, key, width in (("ta", shop.admin_key, 1280), ("admin", world.gateway.admin_key, 390)):
+        as_user(d, world, key)
+        at(d, width)
+        open_page(d, world, "/dashboard/audit")
+        if user == "admin":  # an admin picks the tenant; a tenant-admin has only its own
+            d.find_element(By.CSS_SELECTOR, f'#f-tenant option[value="{shop.id}"]').click()
+        else:
+            assert not d.find_elements(By.ID, "f-tenant")
+        d.find_element(By.CSS_SELECTOR, '#f-action option[value="key.revoke"]').click()
+        submit(d, "#audit-filter button[type=submit]")
+        wait_for(d, lambda d: "action=key.revoke" in d.current_url)
+        shown = [r.get_attribute("data-object-id")
+                 for r in d.find_elements(By.CSS_SELECTOR, "#events tbody tr[data-action]")]  # fmt: skip
+        expected = [e["object_id"] for e in api(world, "/audit", tenant_id=shop.id,
+                                                 action="key.revoke")]  # fmt: skip
+        assert shown == expected and len(shown) >= 4  # the keys test revoked four
+        if user == "ta":
+            shots(world, d, "audit")
+        # The export: the same filter, as an attachment.
+        href = d.find_element(By.ID, "csv-export").get_attribute("href")
+        got = d.execute_async_script(
+            "fetch(arguments[0]).then(r => r.text().then(t => arguments[1]("
+            "[r.headers.get('content-disposition'), t])))",
+            href,
+        )
+        assert got[0].startswith("attachment;")
+        rows = list(csv.DictReader(io.StringIO(got[1])))
+        assert [r["object_id"] for r in rows] == expected
+        assert all(json.loads(r["after"])["revoked_at"] for r in rows)
