@@ -26,6 +26,8 @@ from tenancy.crud.tenants import list_tenants, load_tenant
 from tenancy.dashboard_reads import adapter_names, keys_last_used, requests_since, usage_series
 from tenancy.quota.state import QuotaStateOut, quota_state
 from tenancy.runtime import TenancyRuntime
+from tenancy.spend.report import spend_report
+from tenancy.spend.schemas import SpendReport
 from tenancy.sql.models import Adapter, ApiKey, AuditEvent, Tenant
 
 HOUR = dt.timedelta(hours=1)
@@ -73,6 +75,7 @@ class TenantPage:
     audit: list[AuditRow]
     hourly: UsageChart
     daily: UsageChart
+    spend: SpendReport  # this UTC month, from the usage ledger's costs
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,10 @@ async def tenant_page(
         day0 = _floor(now, DAY) - (NUM_DAYS - 1) * DAY
         hourly = await usage_series(session, tenant_id=tenant_id, since=hour0, bucket="hour")
         daily = await usage_series(session, tenant_id=tenant_id, since=day0, bucket="day")
+        spend = await spend_report(
+            session, principal=principal, tenant_id=tenant_id,
+            currency=runtime.settings.currency, since=now.astimezone(dt.UTC).date().replace(day=1),
+        )  # fmt: skip
     return TenantPage(
         summary=summary,
         metrics_label=tenant_series_label(tenant_id),
@@ -180,6 +187,7 @@ async def tenant_page(
             daily, title=f"Tokens per day, last {NUM_DAYS} days (UTC)", start=day0, step=DAY,
             num_buckets=NUM_DAYS, label_every=10, label_format="%b %d",
         ),
+        spend=spend,
     )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from tenancy.admin_cli import profile, render
 from tenancy.admin_cli.client import AdminApiError, AdminClient, ConnectionFailed
 from tenancy.admin_cli.preflight import UploadLimits, check_upload
+from tenancy.admin_cli.spend import prices_list, prices_set, spend
 from tenancy.admin_cli.tenant_arg import TenantNotFound, resolve_tenant
 from tenancy.admin_cli.upload import ARCHIVES, files_of, upload
 
@@ -25,7 +26,9 @@ KEY = [("id", "id"), ("name", "name"), ("prefix", "prefix"), ("last_four", "last
        ("rotation_grace_until", "grace until")]  # fmt: skip
 LIMITS = [("requests_per_minute", "requests/min"), ("tokens_per_minute", "tokens/min"),
           ("max_concurrent", "concurrent"), ("daily_token_budget", "tokens/day"),
-          ("monthly_token_budget", "tokens/month")]  # fmt: skip
+          ("monthly_token_budget", "tokens/month"),
+          ("daily_spend_budget_micros", "spend/day (micro)"),
+          ("monthly_spend_budget_micros", "spend/month (micro)")]  # fmt: skip
 STATE = [("name", "limit"), ("limit", "max"), ("used", "used"), ("remaining", "remaining"),
          ("resets_in_s", "resets in (s)")]  # fmt: skip
 ADAPTER = [("id", "id"), ("name", "name"), ("owner_tenant_id", "owner"), ("status", "status"),
@@ -213,6 +216,9 @@ def audit(c: AdminClient, a: argparse.Namespace) -> None:
 
 class UsageError(Exception):
     pass
+
+
+__all__ = ["prices_list", "prices_set", "spend"]  # handlers named by parser.py, kept elsewhere
 
 
 def tenant_of(args: argparse.Namespace) -> str | None:

@@ -32,6 +32,18 @@ def _limit(text: str) -> int | None:
     return value
 
 
+def _amount(text: str) -> int | None:
+    """A currency budget: an amount (`12.50`, at most 6 decimals) as micro-units, or `unlimited`."""
+    if text.lower() in ("unlimited", "none", "null"):
+        return None
+    from tenancy.spend.money import to_micros  # light: decimal only
+
+    try:
+        return to_micros(text, field="amount")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _date(text: str) -> str:
     return dt.date.fromisoformat(text).isoformat()
 
@@ -139,6 +151,11 @@ def add_rest_commands(admin: Any) -> None:
                 # absent when not given: `set` keeps that limit (merge) unless --replace
                 p.add_argument(flag, dest=field, type=_limit, default=argparse.SUPPRESS,
                                metavar="N|unlimited")  # fmt: skip
+            for field, flag in (("daily_spend_budget_micros", "--daily-spend"),
+                                ("monthly_spend_budget_micros", "--monthly-spend")):  # fmt: skip
+                p.add_argument(flag, dest=field, type=_amount, default=argparse.SUPPRESS,
+                               metavar="AMOUNT|unlimited",
+                               help="in the server's currency, e.g. 12.50")  # fmt: skip
             p.add_argument("--replace", action="store_true",
                            help="set every limit: one not given becomes unlimited")  # fmt: skip
 
@@ -168,6 +185,27 @@ def add_rest_commands(admin: Any) -> None:
     _tenant(p)
     p.add_argument("--since", type=_date, default=None, help="YYYY-MM-DD")
     p.add_argument("--until", type=_date, default=None, help="YYYY-MM-DD")
+
+    prices = admin.add_parser("prices", help="prices per 1M tokens").add_subparsers(
+        dest="verb", required=True
+    )
+    _command(prices, "list", "prices_list", "every price, and the settings' defaults", common)
+    p = _command(prices, "set", "prices_set", "set a model's or an adapter's price (admin)", common)
+    p.add_argument("model", help="the served base model's name")
+    p.add_argument("--adapter", default=None, help="an adapter id: its price overrides the model's")
+    for flag, text in (
+        ("--prompt", "uncached prompt tokens"),
+        ("--completion", "completion tokens"),
+    ):
+        p.add_argument(flag, required=True, metavar="AMOUNT", help=f"{text}, per 1M, e.g. 0.15")
+    p.add_argument("--cached", default=None, metavar="AMOUNT",
+                   help="cached prompt tokens, per 1M (default: the prompt price)")  # fmt: skip
+
+    p = _command(admin, "spend", "spend", "spend from the usage ledger: a tenant's total, per "
+                 "key and per model; without TENANT, per tenant", common)  # fmt: skip
+    _tenant(p, optional=True)
+    p.add_argument("--since", type=_date, default=None, help="YYYY-MM-DD (UTC, inclusive)")
+    p.add_argument("--until", type=_date, default=None, help="YYYY-MM-DD (UTC, inclusive)")
 
     p = _command(admin, "audit", "audit", "the audit log, newest first", common)
     _tenant(p, optional=True)

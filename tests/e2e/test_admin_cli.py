@@ -284,6 +284,27 @@ def test_usage_and_audit(cli: Cli) -> None:
     assert code == 0 and "key.create" in out
 
 
+def test_prices_spend_and_currency_budgets(cli: Cli) -> None:
+    """tests/e2e/test_spend.py checks the amounts against the ledger; here, each command runs."""
+    tenant = _tenant(cli, "cli-spend")
+    price = cli.json("prices", "set", MODEL, "--prompt", "0.5", "--completion", "1.25")
+    assert (price["prompt"], price["cached"], price["completion"]) == (
+        "0.500000",
+        "0.500000",
+        "1.250000",
+    )
+    assert price in cli.json("prices", "list")
+    code, _, err = cli.run("prices", "set", MODEL, "--prompt", "0.0000001", "--completion", "1")
+    assert code == 1 and "prompt" in err and "6 decimal places" in err
+    policy = cli.json("quotas", "set", tenant, "--daily-spend", "12.5", "--monthly-spend", "100")
+    assert (policy["daily_spend_budget_micros"], policy["monthly_spend_budget_micros"]) == (
+        12_500_000, 100_000_000)  # fmt: skip
+    assert cli.json("spend", tenant)["total"]["cost"] == "0.000000"
+    assert any(row["tenant_id"] is not None for row in cli.json("spend"))
+    code, out, _ = cli.run("spend", tenant)
+    assert code == 0 and "per model" in out
+
+
 def test_tenant_names(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     """TENANT is a name or an id everywhere; a tenant admin resolves its own name only."""
     mine, other = _tenant(cli, "cli-names-mine"), _tenant(cli, "cli-names-other")
