@@ -1,7 +1,8 @@
 """The gateway app factory: `create_app(settings)`; the lifespan builds everything once.
 
 Start-up: database engine (and schema, with `auto_migrate`), quota store, key verifier (the
-tenancy runtime), tokenizer, engine client(s), usage writer, metrics, the request lifecycle.
+tenancy runtime), tokenizer, engine client(s), usage writer, metrics, budget alerts, the
+request lifecycle.
 Shutdown, in order: the lifecycle drains (requests in flight finish or are stopped at the grace
 period, and settle), the engines close, the usage ledger is flushed, the stores close.
 """
@@ -37,6 +38,7 @@ from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.text.tokenizer import Tokenizer
+from tenancy.alerts.service import AlertService
 from tenancy.runtime import build_runtime
 from tenancy.sql.migrate import check_schema, upgrade
 
@@ -85,6 +87,10 @@ async def build_state(
     policy = PolicyService(
         runtime, base_model=settings.model_name, cache_ttl_s=settings.policy_cache_ttl_s
     )
+    alerts = AlertService(
+        settings, runtime.sessionmaker, runtime.quotas, cache_ttl_s=settings.policy_cache_ttl_s
+    )
+    alerts.start()
     lifecycle = RequestLifecycle(
         settings=settings,
         policy=policy,
@@ -93,7 +99,7 @@ async def build_state(
         ),
         engine=engine,
         quotas=runtime.quotas,
-        books=Bookkeeping(runtime.quotas, usage, metrics),
+        books=Bookkeeping(runtime.quotas, usage, metrics, alerts),
     )
     return GatewayState(
         settings=settings,
@@ -104,6 +110,7 @@ async def build_state(
         lifecycle=lifecycle,
         usage=usage,
         metrics=metrics,
+        alerts=alerts,
     )
 
 
@@ -112,6 +119,8 @@ async def close_state(state: GatewayState) -> None:
     async with contextlib.AsyncExitStack() as steps:
         steps.push_async_callback(state.tenancy.close)
         steps.push_async_callback(state.usage.close)  # after every run has recorded
+        if state.alerts is not None:  # after every run has settled
+            steps.push_async_callback(state.alerts.close)
         steps.push_async_callback(state.engine.close)
         await state.lifecycle.drain(state.settings.shutdown_grace_s)
 

@@ -11,6 +11,7 @@ from gateway.policy import PolicyService
 from gateway.settings import GatewaySettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.text.tokenizer import Tokenizer
+from tenancy.alerts.service import AlertService
 from tenancy.runtime import TenancyRuntime
 
 
@@ -24,3 +25,5 @@ class GatewayState:
     lifecycle: RequestLifecycle
     usage: UsageWriter
     metrics: GatewayMetrics
+    # Budget and outage alerts (tenancy/alerts/); None where a test builds the state without.
+    alerts: AlertService | None = None

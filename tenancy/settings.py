@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tenancy.alerts.settings import AlertSettings
 from tenancy.spend.schemas import PriceSpec
 
 _PLACEHOLDERS = {"changeme", "changethis", "secret", "password", "pepper", "test"}
@@ -125,6 +126,9 @@ class TenancySettings(BaseSettings):
     oidc_tenant_admin_role: str = "loragate-tenant-admin"
     oidc_tenant_claim: str = "loragate_tenant"
     oidc_jwks_ttl_s: float = Field(default=300.0, gt=0)
+
+    # Budget alerts and their webhooks (tenancy/alerts/).
+    alerts: AlertSettings = Field(default_factory=AlertSettings)
 
     @field_validator("key_pepper", "salt_secret")
     @classmethod

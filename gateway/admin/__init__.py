@@ -8,14 +8,25 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gateway.admin import adapters, audit, keys, quota_state, quotas, spend, tenants, usage
+from gateway.admin import (
+    adapters,
+    audit,
+    keys,
+    quota_state,
+    quotas,
+    spend,
+    tenants,
+    usage,
+    webhooks,
+)
 
 PREFIX = "/admin/v1"
 
 
 def admin_router() -> APIRouter:
     router = APIRouter(prefix=PREFIX)
-    for module in (tenants, keys, quotas, quota_state, adapters, usage, audit, spend):
+    modules = (tenants, keys, quotas, quota_state, adapters, usage, audit, webhooks, spend)
+    for module in modules:
         router.include_router(module.router)
     return router
 

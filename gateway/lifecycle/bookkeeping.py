@@ -28,11 +28,13 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gateway.errors import EngineFailed
 from gateway.telemetry.metrics import GatewayMetrics
+from tenancy.alerts.service import AlertService
 from tenancy.crud.usage import UsageIn, record_usage_batch
-from tenancy.errors import ClientError
+from tenancy.errors import ClientError, QuotaStoreUnavailable
 from tenancy.ids import RequestId
-from tenancy.quota.store import QuotaStore
+from tenancy.quota.store import BUDGETS, QuotaExceeded, QuotaStore
 
 if TYPE_CHECKING:
     from gateway.lifecycle.run import Run
@@ -44,14 +46,23 @@ MAX_REMEMBERED = 65536
 
 
 class Bookkeeping:
-    def __init__(self, quotas: QuotaStore, usage: UsageWriter, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        quotas: QuotaStore,
+        usage: UsageWriter,
+        metrics: GatewayMetrics,
+        alerts: AlertService | None = None,
+    ) -> None:
         self._quotas = quotas
         self._usage = usage
         self._metrics = metrics
+        self._alerts = alerts
         self._finished: OrderedDict[str, None] = OrderedDict()
         self.num_settled = 0
 
     async def finish(self, run: Run) -> None:
+        if self._alerts is not None:
+            _watch(run, self._alerts)
         if run.admission is None or run.request_id in self._finished:
             return
         self._finished[run.request_id] = None
@@ -67,9 +78,13 @@ class Bookkeeping:
                 used_micros=cost,
             )
             self.num_settled += 1
-        except ClientError:
+            if self._alerts is not None:  # O(1): the thresholds are checked in a task of their own
+                self._alerts.settled(run.target.ctx.tenant_id, run.subjects)
+        except ClientError as exc:
             # The store is down: the lease expires by itself; the usage ledger stays exact.
             log.warning("quota settlement failed; the lease will expire")
+            if self._alerts is not None and isinstance(exc, QuotaStoreUnavailable):
+                self._alerts.down("quota_store")
         model = run.target.model
         self._usage.add(
             UsageIn(
@@ -101,6 +116,31 @@ class Bookkeeping:
         m.overhead.labels(*labels).observe(max(0.0, now - run.started - run.engine_wait_s))
         if run.first_token_at is not None:
             m.ttft.labels(*labels).observe(max(0.0, run.first_token_at - run.started))
+
+
+def _watch(run: Run, alerts: AlertService) -> None:
+    """What this run tells the alerts: an admission (or a refusal) means the quota store
+    answered, a 503 quota_store_unavailable that it did not, a refusal for a budget that the
+    budget is exhausted; an engine that took the prompts answered, a 502 before any prompt was
+    taken (every engine replica tried) did not."""
+    failure = run.failure
+    if run.admission is not None:
+        alerts.up("quota_store")
+    elif isinstance(failure, QuotaStoreUnavailable):
+        alerts.down("quota_store")
+    elif isinstance(failure, QuotaExceeded) and failure.limit in BUDGETS:
+        alerts.up("quota_store")
+        subject = next((s for s in run.subjects if s.key == failure.subject_key), None)
+        if subject is not None:
+            alerts.refused(run.target.ctx.tenant_id, subject, failure.limit.value)
+    if run.num_prompt_tokens > 0 and run.engine_error is None:
+        alerts.up("engine")
+    elif (
+        isinstance(failure, EngineFailed)
+        and failure.status_code == 502
+        and not run.num_prompt_tokens
+    ):
+        alerts.down("engine")
 
 
 def _finish_reason(run: Run) -> str:

@@ -89,6 +89,18 @@ class Run:
     def request_id(self) -> str:
         return self.target.request_id
 
+    @property
+    def subjects(self) -> list[QuotaSubject]:
+        """The quota subjects admission charged (the tenant, and the key with a policy)."""
+        return self._subjects
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error the request was answered with, once answered with one."""
+        if not self.answer.done() or self.answer.cancelled():
+            return None
+        return self.answer.exception()
+
     def start(self) -> asyncio.Task[None]:
         self._task = asyncio.create_task(self._drive(), name=f"run-{self.request_id}")
         return self._task

@@ -13,7 +13,7 @@ from tenancy.ids import new_id
 from tenancy.sql.models import AuditEvent, Base
 
 # Columns that are secret-derived or meaningless to an auditor never enter a snapshot.
-_REDACTED = {"key_hash"}
+_REDACTED = {"key_hash", "secret_sealed"}
 
 
 def snapshot(obj: Base | None) -> dict[str, Any] | None:
