@@ -37,6 +37,7 @@ from gateway.routes import chat, completions, generate, health, models, response
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.tracing import Tracing
 from gateway.text.tokenizer import Tokenizer
 from tenancy.alerts.service import AlertService
 from tenancy.runtime import build_runtime
@@ -91,6 +92,9 @@ async def build_state(
         settings, runtime.sessionmaker, runtime.quotas, cache_ttl_s=settings.policy_cache_ttl_s
     )
     alerts.start()
+    tracing = Tracing.from_settings(settings)  # None unless LORAGATE_OTEL_ENDPOINT is set
+    if tracing is not None:
+        tracing.instrument(engine)
     lifecycle = RequestLifecycle(
         settings=settings,
         policy=policy,
@@ -99,6 +103,7 @@ async def build_state(
         ),
         engine=engine,
         quotas=runtime.quotas,
+        tracing=tracing,
         books=Bookkeeping(runtime.quotas, usage, metrics, alerts),
     )
     return GatewayState(
@@ -110,6 +115,7 @@ async def build_state(
         lifecycle=lifecycle,
         usage=usage,
         metrics=metrics,
+        tracing=tracing,
         alerts=alerts,
     )
 
@@ -118,6 +124,8 @@ async def close_state(state: GatewayState) -> None:
     """Each step runs even if an earlier one failed (last pushed, first run)."""
     async with contextlib.AsyncExitStack() as steps:
         steps.push_async_callback(state.tenancy.close)
+        if state.tracing is not None:  # the last spans, once every run has ended
+            steps.push_async_callback(state.tracing.close)
         steps.push_async_callback(state.usage.close)  # after every run has recorded
         if state.alerts is not None:  # after every run has settled
             steps.push_async_callback(state.alerts.close)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -12,6 +13,7 @@ from engine.protocol import read_capped
 from gateway.errors import BodyTooLarge
 from gateway.policy import TenantContext
 from gateway.state import GatewayState
+from tenancy.errors import ClientError
 
 
 async def get_state(request: Request) -> GatewayState:
@@ -25,7 +27,19 @@ StateDep = Annotated[GatewayState, Depends(get_state)]
 
 async def get_tenant(request: Request, state: StateDep) -> TenantContext:
     request.state.lg_inference = True  # rejections from here on are counted in the metrics
-    ctx = await state.policy.authenticate(request.headers.get("authorization"))
+    tracing = state.tracing
+    began = time.perf_counter() if tracing is not None else 0.0
+    try:
+        ctx = await state.policy.authenticate(request.headers.get("authorization"))
+    except ClientError as exc:
+        if tracing is not None:
+            path = request.scope["path"]
+            tracing.refused_at_auth(
+                started=request.state.started, auth_began=began, path=path, error=exc
+            )
+        raise
+    if tracing is not None:  # the request's trace begins once it is planned (lifecycle)
+        request.state.lg_auth = (began, time.perf_counter())
     request.state.lg_tenant = ctx.tenant_id
     request.state.lg_key = ctx.key_id
     return ctx

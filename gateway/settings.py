@@ -96,6 +96,9 @@ class GatewaySettings(TenancySettings):
     max_metric_tenants: int = Field(default=500, ge=1)
     max_metric_models: int = Field(default=100, ge=1)  # per tenant
     metrics_token: SecretStr | None = None
+    # OpenTelemetry: the OTLP/HTTP traces endpoint (a collector's http://host:4318/v1/traces)
+    # request spans are exported to; unset, tracing is off (gateway/telemetry/tracing.py).
+    otel_endpoint: str | None = None
     # Upgrade the database schema to head at start-up (the embedded default and the demo).
     auto_migrate: bool = False
 
@@ -125,6 +128,15 @@ class GatewaySettings(TenancySettings):
             if not url.startswith(("http://", "https://")):
                 raise ValueError("engine_urls must be http:// or https:// URLs")
         return [url.rstrip("/") for url in urls]
+
+    @field_validator("otel_endpoint")
+    @classmethod
+    def _otel_endpoint(cls, url: str | None) -> str | None:
+        if not url:  # set but empty: off, as unset
+            return None
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("otel_endpoint must be an http:// or https:// URL (OTLP/HTTP)")
+        return url
 
     @field_validator("dashboard_session_secret")
     @classmethod

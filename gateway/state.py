@@ -10,6 +10,7 @@ from gateway.lifecycle.service import RequestLifecycle
 from gateway.policy import PolicyService
 from gateway.settings import GatewaySettings
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.tracing import Tracing
 from gateway.text.tokenizer import Tokenizer
 from tenancy.alerts.service import AlertService
 from tenancy.runtime import TenancyRuntime
@@ -25,5 +26,7 @@ class GatewayState:
     lifecycle: RequestLifecycle
     usage: UsageWriter
     metrics: GatewayMetrics
+    # None: tracing is off (LORAGATE_OTEL_ENDPOINT unset).
+    tracing: Tracing | None = None
     # Budget and outage alerts (tenancy/alerts/); None where a test builds the state without.
     alerts: AlertService | None = None

@@ -41,6 +41,15 @@ from engine.protocol.responses import (
     sse_event,
     sse_json,
 )
+from engine.protocol.tracing import (
+    INSTRUMENTATION,
+    TENANT_ATTRIBUTE,
+    TRACEPARENT,
+    EngineTrace,
+    build_provider,
+    to_epoch,
+    traceparent_of,
+)
 from engine.protocol.transport import BodyTooLarge, read_capped, wait_for_disconnect
 from engine.structured.spec import (
     StructuredOutputsParams,
@@ -50,6 +59,7 @@ from engine.structured.spec import (
 )
 
 __all__ = [
+    "INSTRUMENTATION",
     "INT64_MAX",
     "INT64_MIN",
     "MAX_ID_CHARS",
@@ -57,11 +67,14 @@ __all__ = [
     "MIN_TEMPERATURE",
     "MIN_WIRE_LOGPROB",
     "SSE_DONE",
+    "TENANT_ATTRIBUTE",
+    "TRACEPARENT",
     "AbortRequestsBody",
     "BodyTooLarge",
     "ChoiceCollector",
     "ChoiceLogprobs",
     "EngineLimits",
+    "EngineTrace",
     "ErrorInfo",
     "ErrorResponse",
     "FinishReasonName",
@@ -78,6 +91,7 @@ __all__ = [
     "StructuredSpec",
     "TopLogprob",
     "Usage",
+    "build_provider",
     "check_structured",
     "error_body",
     "is_error_output",
@@ -90,7 +104,9 @@ __all__ = [
     "sse_json",
     "tenant_label",
     "to_engine_request",
+    "to_epoch",
     "to_sampling_params",
     "to_structured_spec",
+    "traceparent_of",
     "wait_for_disconnect",
 ]

@@ -3,9 +3,10 @@ exported by OTLP/HTTP, off unless an endpoint is configured.
 
 A request's trace crosses the wire as a W3C `traceparent` header: the gateway sends its
 engine-call span's, and the engine's request span is that span's child (vLLM reads the same
-header). Off, nothing here runs and OpenTelemetry is never imported: each side holds None where a
-tracer would be and tests it with one `if` per request; on, the SDK is imported when the tracer
-is built, so `loragate --help` and a process without tracing never pay for the import.
+header). Off, nothing here runs and the tracing part of the OpenTelemetry SDK and its exporter
+are never imported: each side holds None where a tracer would be and tests it with one `if` per
+request; on, they are imported when the tracer is built. (FastAPI imports the OpenTelemetry API
+for instrumentation of its own, which stays off: no provider here is ever the global one.)
 
 Span times come from the clocks each side already reads (time.perf_counter in the gateway, the
 engine's monotonic `RequestTimes`), converted to the epoch where a span is built (`to_epoch`).

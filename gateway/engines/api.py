@@ -47,8 +47,12 @@ class EngineClient(Protocol):
 
     async def start(self) -> None: ...
 
-    async def open(self, request: GenerateRequest, adapter: AdapterRef | None) -> EngineStream:
-        """Submit the request (loading `adapter` where it runs, if needed)."""
+    async def open(
+        self, request: GenerateRequest, adapter: AdapterRef | None, traceparent: str | None = None
+    ) -> EngineStream:
+        """Submit the request (loading `adapter` where it runs, if needed). `traceparent`: the
+        gateway's engine-call span (None: tracing is off), sent as the W3C header, so the
+        engine's spans join the request's trace (gateway/telemetry/tracing.py)."""
         ...
 
     async def check_constraint(self, spec: StructuredSpec) -> None:

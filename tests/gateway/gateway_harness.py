@@ -74,6 +74,7 @@ class RecordingClient:
     def __init__(self, inner: EngineClient) -> None:
         self.inner = inner
         self.requests: list[GenerateRequest] = []
+        self.traceparents: list[str | None] = []
         self.model_name = inner.model_name
         self.max_model_len = inner.max_model_len
         self.vocab_size = inner.vocab_size
@@ -81,9 +82,12 @@ class RecordingClient:
     async def start(self) -> None:
         await self.inner.start()
 
-    async def open(self, request: GenerateRequest, adapter: AdapterRef | None) -> EngineStream:
+    async def open(
+        self, request: GenerateRequest, adapter: AdapterRef | None, traceparent: str | None = None
+    ) -> EngineStream:
         self.requests.append(request)
-        return await self.inner.open(request, adapter)
+        self.traceparents.append(traceparent)
+        return await self.inner.open(request, adapter, traceparent)
 
     def start_unload(self, engine_name: str) -> None:
         self.inner.start_unload(engine_name)

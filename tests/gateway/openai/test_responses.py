@@ -346,8 +346,8 @@ async def test_an_engine_failure_mid_stream_is_response_failed(gateway: Gateway)
     tenant = await gateway.tenant()
     lifecycle, engine = gateway.state.lifecycle, gateway.state.lifecycle.engine
 
-    async def open_failing(request: Any, adapter: Any) -> _FailingStream:
-        return _FailingStream(await engine.open(request, adapter))
+    async def open_failing(request: Any, adapter: Any, traceparent: Any = None) -> _FailingStream:
+        return _FailingStream(await engine.open(request, adapter, traceparent))
 
     lifecycle.engine = SimpleNamespace(open=open_failing)  # type: ignore[assignment]
     try:
