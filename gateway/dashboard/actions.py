@@ -84,7 +84,7 @@ async def create_tenant(
         rows = await views.overview(runtime, actor.viewer.principal, runtime.now())
         return page(
             dashboard, request, "overview.html", exc.status_code, viewer=actor.viewer, rows=rows,
-            now=runtime.now(), create_error=exc.message, tiers=sorted(runtime.tier_names),
+            now=runtime.now(), create_error=exc.message, create_name=name,
         )  # fmt: skip
     return done(f"/dashboard/tenants/{tenant.id}", "tenant-created")
 

@@ -36,6 +36,11 @@ FLASHES = {
 }
 
 
+NAME_RULE = (
+    "letters, digits, '.', '_' and '-', starting with a letter or a digit, at most 64 characters"
+)
+
+
 class FormRefused(Exception):
     """A form without this session's CSRF token: refused before it does anything."""
 
@@ -87,7 +92,9 @@ def parse(model: type[M], **data: Any) -> M:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "form"
-        raise BadRequest(f"{field}: {first['msg']}.", param=field) from exc
+        # A name's pattern, said as a person would (pydantic quotes the regular expression).
+        message = NAME_RULE if first["type"] == "string_pattern_mismatch" else first["msg"]
+        raise BadRequest(f"{field}: {message}.", param=field) from exc
 
 
 def optional_int(name: str, raw: str | None) -> int | None:

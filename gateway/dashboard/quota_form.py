@@ -45,7 +45,9 @@ async def _quota_page(
     *,
     error: str = "",
     status: int = 200,
+    sent: dict[str, str] | None = None,
 ) -> Response:
+    """`sent`: after a refusal, what the viewer typed, shown again in the fields."""
     principal = viewer.principal
     async with state.tenancy.sessionmaker() as session:
         try:
@@ -61,7 +63,7 @@ async def _quota_page(
     subject = next((k for k in keys if k.id == key_id), None)
     return page(
         dashboard, request, "quota_form.html", status, viewer=viewer, tenant=tenant, keys=keys,
-        subject=subject, policy=policy, ceiling=ceiling, fields=FIELDS, error=error,
+        subject=subject, policy=policy, ceiling=ceiling, fields=FIELDS, error=error, sent=sent,
         # A tenant's own limits are the operator's to set; a tenant-admin sets its keys'.
         editable=viewer.is_admin or key_id is not None, tab="quotas",
     )  # fmt: skip
@@ -122,8 +124,9 @@ async def save_quotas(
                 session, ctx=actor.ctx, tenant_id=tenant_id, limits=merged, key_id=subject
             )
     except ClientError as exc:
+        typed = {name: _text(form.get(name)) or "" for name in FIELDS}
         return await _quota_page(request, dashboard, state, actor.viewer, tenant_id, subject,
-                                 error=exc.message, status=exc.status_code)  # fmt: skip
+                                 error=exc.message, status=exc.status_code, sent=typed)  # fmt: skip
     return done(here, "quota-saved")
 
 

@@ -64,14 +64,17 @@ def day_range(from_: str, to: str) -> tuple[dt.datetime | None, dt.datetime | No
 
 
 def _preset(key: str, now: dt.datetime, error: str = "") -> TimeRange:
+    """The custom form's dates start as the preset's days, to adjust from there."""
     if key == "24h":
         start = now.replace(minute=0, second=0, microsecond=0) - 23 * HOUR
-        return TimeRange(key, start, start + 24 * HOUR, HOUR,
-                         "Tokens per hour, last 24 hours (UTC)", "", "", error)  # fmt: skip
-    days = 30 if key == "30d" else 7
-    start = now.replace(hour=0, minute=0, second=0, microsecond=0) - (days - 1) * DAY
-    return TimeRange(key, start, start + days * DAY, DAY,
-                     f"Tokens per day, last {days} days (UTC)", "", "", error)  # fmt: skip
+        until, step, title = start + 24 * HOUR, HOUR, "Tokens per hour, last 24 hours (UTC)"
+    else:
+        days = 30 if key == "30d" else 7
+        start = now.replace(hour=0, minute=0, second=0, microsecond=0) - (days - 1) * DAY
+        until, step, title = start + days * DAY, DAY, f"Tokens per day, last {days} days (UTC)"
+    last = (until - dt.timedelta(microseconds=1)).date()
+    return TimeRange(key, start, until, step, title, start.date().isoformat(), last.isoformat(),
+                     error)  # fmt: skip
 
 
 def time_range(key: str, from_: str, to: str, now: dt.datetime) -> TimeRange:

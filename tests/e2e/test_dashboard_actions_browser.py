@@ -276,6 +276,7 @@ def test_quotas_change_only_the_fields_edited(
     box.send_keys("99")
     submit(d, "#quota-form button[type=submit]")
     assert "cannot exceed" in d.find_element(By.ID, "form-error").text
+    assert d.find_element(By.ID, "q-max_concurrent").get_attribute("value") == "99"  # kept
     assert api(world, f"/tenants/{shop.id}/keys/{key_id}/quotas")["max_concurrent"] == 3
     shots(world, d, "quotas-key")
 
