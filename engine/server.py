@@ -195,14 +195,14 @@ class _RequestRun:
 
     def finish(self, output: RequestOutput) -> None:
         self._metrics.requests.observe_output(output, num_choices=self.wire.sampling_params.n)
-        if self._trace is not None and output.finished:
-            self._trace.end(output, finish_reason=finish_reason(output).value)
+        if self._trace is not None:
+            self._trace.observe(output, finish_reason)
 
     def close(self) -> None:
         if not self.stream.finished and not self.stream.closed:
             self._metrics.requests.observe_abandoned()
         if self._trace is not None:  # ended already unless the client left first
-            self._trace.end(None, finish_reason="abort")
+            self._trace.end("abort")
         self.stream.close()
 
     async def events(self) -> AsyncIterator[bytes]:

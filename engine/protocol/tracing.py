@@ -94,8 +94,9 @@ class EngineTrace:
           engine.prefill   first scheduled -> first token
           engine.decode    first token -> finished
 
-    A phase that never began (the request ended while queued) has no span. `end` is
-    idempotent: the final output ends it, or else the stream's close (the client left)."""
+    A phase that never began (the request ended while queued) has no span. The final output
+    ends it (`observe`), or else the stream's close (`end`: the client left; its phases run to
+    then). Per output while it runs: one assignment."""
 
     def __init__(self, tracer: Tracer, request: EngineRequest, headers: Mapping[str, str]) -> None:
         """`headers`: the HTTP request's (its `traceparent`, if any, is the parent)."""
@@ -108,11 +109,18 @@ class EngineTrace:
             "loragate.n": request.sampling_params.n,
             "loragate.priority": request.priority,
         }
+        self._last: RequestOutput | None = None
         self._is_ended = False
 
-    def end(self, output: RequestOutput | None, *, finish_reason: str) -> None:
-        """`output`: the request's final output (its times and counts), or None when it ended
-        without one (the client left before it finished)."""
+    def observe(self, output: RequestOutput, finish_reason: Callable[[RequestOutput], str]) -> None:
+        """Each output as it is read; the final one ends the trace with its reason."""
+        self._last = output
+        if output.finished:
+            self.end(str(finish_reason(output)))
+
+    def end(self, finish_reason: str) -> None:
+        """Build and end the spans (once; later calls do nothing), from the last output seen:
+        its times (the engine's own) and counts."""
         if self._is_ended:
             return
         self._is_ended = True
@@ -120,6 +128,7 @@ class EngineTrace:
 
         now = time.monotonic()
         epoch = to_epoch(time.monotonic)
+        output = self._last
         times = output.times if output is not None else None
         if times is None:
             times = RequestTimes(arrival=self._arrival)

@@ -90,8 +90,8 @@ class LocalStream:
         async for output in self._stream:
             if self._metrics is not None:
                 self._metrics.observe_output(output, num_choices=self._wire.sampling_params.n)
-            if self._trace is not None and output.finished:
-                self._trace.end(output, finish_reason=finish_reason(output).value)
+            if self._trace is not None:
+                self._trace.observe(output, finish_reason)
             chunk = builder.chunk(output)
             if is_error_output(output):
                 if chunk is not None and any(choice.token_ids for choice in chunk.choices):
@@ -112,7 +112,7 @@ class LocalStream:
         if self._metrics is not None and not self._stream.finished and not self._stream.closed:
             self._metrics.observe_abandoned()  # as the engine server counts a client gone
         if self._trace is not None:  # ended already unless the request was cut short
-            self._trace.end(None, finish_reason="abort")
+            self._trace.end("abort")
         self._stream.close()
 
 

@@ -5,10 +5,13 @@ transport, the spans in the SDK's in-memory exporter."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
+import uvicorn
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -18,7 +21,7 @@ from engine.loop.async_engine import AsyncEngine
 from engine.protocol import tenant_label
 from engine.server import create_app
 from tests.engine.loop.async_helpers import TIMEOUT_S
-from tests.engine.server.server_helpers import GENERATE, gen_body
+from tests.engine.server.server_helpers import GENERATE, LONG, gen_body, read_events, wait_until
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -34,18 +37,36 @@ def exporter() -> Iterator[InMemorySpanExporter]:
 
 
 @pytest.fixture
-async def traced(
-    engine: AsyncEngine, exporter: InMemorySpanExporter
-) -> AsyncIterator[httpx.AsyncClient]:
+def provider(exporter: InMemorySpanExporter) -> Iterator[TracerProvider]:
     provider = TracerProvider(shutdown_on_exit=False)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider
+    provider.shutdown()
+
+
+@pytest.fixture
+async def traced(engine: AsyncEngine, provider: TracerProvider) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(engine, tracer=provider.get_tracer("test"))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(
         transport=transport, base_url="http://engine", timeout=TIMEOUT_S
     ) as http:
         yield http
-    provider.shutdown()
+
+
+@pytest.fixture
+async def traced_url(engine: AsyncEngine, provider: TracerProvider) -> AsyncIterator[str]:
+    """A real uvicorn (a client can leave mid-stream), tracing."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    app = create_app(engine, tracer=provider.get_tracer("test"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server.should_exit = True
+    await asyncio.wait_for(task, TIMEOUT_S)
+    sock.close()
 
 
 def by_name(spans: tuple[ReadableSpan, ...]) -> dict[str, ReadableSpan]:
@@ -85,6 +106,29 @@ async def test_a_request_is_one_server_span_under_the_callers_traceparent(
     assert attributes["loragate.output_tokens"] == 6
     every_value = [str(v) for span in spans.values() for v in (span.attributes or {}).values()]
     assert not any(TENANT in value for value in every_value)
+
+
+async def test_a_client_that_leaves_ends_the_trace_with_its_phases(
+    traced_url: str, exporter: InMemorySpanExporter
+) -> None:
+    body = gen_body(LONG, stream=True, fairness_key=TENANT)
+    async with (
+        httpx.AsyncClient(base_url=traced_url, timeout=TIMEOUT_S) as http,
+        http.stream("POST", GENERATE, json=body, headers={"traceparent": TRACEPARENT}) as response,
+    ):
+        events = read_events(response)
+        await anext(events)
+        await anext(events)  # decoding
+    # leaving the block closed the connection mid-stream
+    await wait_until(lambda: len(exporter.get_finished_spans()) == 4)
+    spans = by_name(exporter.get_finished_spans())
+    assert set(spans) == {"engine.request", "engine.queue", "engine.prefill", "engine.decode"}
+    root = spans["engine.request"]
+    attributes = dict(root.attributes or {})
+    assert attributes["loragate.finish_reason"] == "abort"
+    assert 2 <= int(attributes["loragate.output_tokens"]) < LONG  # type: ignore[arg-type]
+    assert spans["engine.decode"].end_time == root.end_time
+    assert f"{root.context.trace_id:032x}" == TRACE_ID
 
 
 async def test_without_a_traceparent_the_engine_span_is_a_root(
