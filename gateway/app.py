@@ -34,6 +34,7 @@ from gateway.lifecycle.service import RequestLifecycle
 from gateway.middleware import EdgeMiddleware
 from gateway.policy import PolicyService
 from gateway.routes import chat, completions, generate, health, models, responses
+from gateway.routes.direct import DirectRoutes, post_endpoints
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.telemetry.metrics import GatewayMetrics
@@ -227,9 +228,17 @@ def create_app(
         redirect_slashes=False,
     )
     install_error_handlers(app)
+    # The inference routes, called from just inside the edge (gateway/routes/direct.py); the
+    # last middleware added is the outermost.
+    inference = (chat, responses, completions, generate)
+    app.add_middleware(
+        DirectRoutes,
+        routes=post_endpoints(module.router for module in inference),
+        handlers=app.exception_handlers,
+    )
     # Hosts, request context and the last-resort 500 in one pass (gateway/middleware.py).
     app.add_middleware(EdgeMiddleware, hosts=settings.trusted_hosts)
-    for module in (chat, responses, completions, models, generate, health):
+    for module in (*inference, models, health):
         app.include_router(module.router)
     app.include_router(admin_router())
     if docs:
