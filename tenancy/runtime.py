@@ -18,6 +18,7 @@ from tenancy.auth.oidc import OidcConfig, OidcVerifier
 from tenancy.crud.usage import spent_to_date
 from tenancy.priority import PriorityMapper
 from tenancy.quota.memory_store import InProcessQuotaStore
+from tenancy.quota.pipelined import PipelinedRedis
 from tenancy.quota.redis_store import RedisQuotaStore
 from tenancy.quota.rejections import InProcessRejectionLog, RedisRejectionLog, RejectionLog
 from tenancy.quota.store import BudgetCharge, QuotaStore
@@ -111,8 +112,11 @@ async def build_runtime(
     rejections: RejectionLog = InProcessRejectionLog()
     if settings.quota_store == "redis":
         assert redis is not None  # settings validation guarantees redis_url
+        # A single server: one pipelined connection (tenancy/quota/pipelined.py); a cluster
+        # needs redis-py's slot routing.
+        url = settings.redis_url or ""
         quotas = RedisQuotaStore(
-            make_redis(settings.redis_url or "", cluster=cluster),
+            make_redis(url, cluster=True) if cluster else PipelinedRedis(url),
             prefix=settings.redis_key_prefix,
             lease_ttl_s=settings.lease_ttl_s,
         )

@@ -22,6 +22,7 @@ from redis.exceptions import NoScriptError, RedisError
 from tenancy.errors import QuotaStoreUnavailable
 from tenancy.ids import RequestId
 from tenancy.quota.lua import ADMIT, SETTLE, USAGE
+from tenancy.quota.pipelined import PipelinedRedis
 from tenancy.quota.store import (
     PENDING_TTL_S,
     WINDOW_S,
@@ -35,6 +36,9 @@ from tenancy.quota.store import (
     rate_info,
 )
 from tenancy.redis_client import RedisClient
+
+# redis-py's clients, or the pipelined connection of a single server (pipelined.py).
+QuotaRedis = RedisClient | PipelinedRedis
 
 _CODES = {
     1: Limit.MONTHLY, 2: Limit.DAILY, 3: Limit.RPM, 4: Limit.TPM, 5: Limit.CONCURRENCY,
@@ -50,7 +54,7 @@ class _Script:
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
     async def __call__(
-        self, client: RedisClient, keys: Sequence[str], args: Sequence[str | int | float]
+        self, client: QuotaRedis, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> object:
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)
@@ -76,7 +80,7 @@ def _limit_args(subject: QuotaSubject) -> list[int]:
 class RedisQuotaStore:
     def __init__(
         self,
-        client: RedisClient,
+        client: QuotaRedis,
         *,
         prefix: str,
         lease_ttl_s: float,

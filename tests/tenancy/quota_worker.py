@@ -1,7 +1,8 @@
 """One gateway replica for the multi-process quota test: fires N concurrent admissions at once.
 
 Prints a JSON line {"admitted": [reserved tokens...], "rejected": n} to stdout. A sixth argument
-`cluster` makes the URL a Redis Cluster node's.
+`cluster` makes the URL a Redis Cluster node's; `pipelined` uses the gateway's pipelined client
+(tenancy/quota/pipelined.py) instead of redis-py's.
 """
 
 from __future__ import annotations
@@ -13,15 +14,18 @@ import time
 import uuid
 
 from tenancy.ids import RequestId
+from tenancy.quota.pipelined import PipelinedRedis
 from tenancy.quota.redis_store import RedisQuotaStore
 from tenancy.quota.store import QuotaExceeded, QuotaLimits, QuotaSubject
 from tenancy.redis_client import make_redis
 
 
-async def main(
-    redis_url: str, prefix: str, rpm: int, n: int, start_at: float, cluster: bool
-) -> None:
-    client = make_redis(redis_url, cluster=cluster, max_connections=n)
+async def main(redis_url: str, prefix: str, rpm: int, n: int, start_at: float, kind: str) -> None:
+    client = (
+        PipelinedRedis(redis_url)
+        if kind == "pipelined"
+        else make_redis(redis_url, cluster=kind == "cluster", max_connections=n)
+    )
     store = RedisQuotaStore(client, prefix=prefix, lease_ttl_s=60)
     subject = QuotaSubject("t:shared", QuotaLimits(requests_per_minute=rpm))
     await client.ping()
@@ -43,5 +47,5 @@ async def main(
 
 if __name__ == "__main__":
     url, prefix, rpm, n, start = sys.argv[1:6]
-    cluster = sys.argv[6:7] == ["cluster"]
-    asyncio.run(main(url, prefix, int(rpm), int(n), float(start), cluster))
+    kind = sys.argv[6] if len(sys.argv) > 6 else "redis-py"
+    asyncio.run(main(url, prefix, int(rpm), int(n), float(start), kind))

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from tenancy.errors import ServiceUnavailable
 from tenancy.ids import RequestId
 from tenancy.quota.memory_store import InProcessQuotaStore
+from tenancy.quota.pipelined import PipelinedRedis
 from tenancy.quota.redis_store import RedisQuotaStore
 from tenancy.quota.store import (
     Admission,
@@ -44,7 +45,14 @@ class FakeClock:
 MakeStore = Callable[[FakeClock, float], Awaitable[QuotaStore]]
 
 
-@pytest.fixture(params=["inprocess", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "inprocess",
+        pytest.param("redis", marks=pytest.mark.redis),
+        # the gateway's client for a single server (tenancy/quota/pipelined.py)
+        pytest.param("redis-pipelined", marks=pytest.mark.redis),
+    ]
+)
 async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[MakeStore]:
     stores: list[QuotaStore] = []
 
@@ -55,7 +63,7 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[MakeStore]
         else:
             url = request.getfixturevalue("redis_url")
             prefix = request.getfixturevalue("redis_prefix")
-            client = make_redis(url)
+            client = PipelinedRedis(url) if request.param == "redis-pipelined" else make_redis(url)
             store = RedisQuotaStore(client, prefix=prefix, lease_ttl_s=lease_ttl_s, clock=clock)
         stores.append(store)
         return store
@@ -200,10 +208,10 @@ async def test_key_and_tenant_limits_are_checked_together(make_store: MakeStore)
     assert (await store.usage(key.key)).num_requests == 3
 
 
-def _worker(redis_url: str, prefix: str, start_at: float) -> subprocess.Popen[str]:
+def _worker(redis_url: str, prefix: str, start_at: float, client: str) -> subprocess.Popen[str]:
     script = str(Path(__file__).with_name("quota_worker.py"))
     return subprocess.Popen(
-        [sys.executable, script, redis_url, prefix, "100", "50", repr(start_at)],
+        [sys.executable, script, redis_url, prefix, "100", "50", repr(start_at), client],
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,
@@ -212,9 +220,12 @@ def _worker(redis_url: str, prefix: str, start_at: float) -> subprocess.Popen[st
 
 
 @pytest.mark.redis
-def test_four_processes_admit_exactly_the_limit(redis_url: str, redis_prefix: str) -> None:
+@pytest.mark.parametrize("client", ["redis-py", "pipelined"])
+def test_four_processes_admit_exactly_the_limit(
+    redis_url: str, redis_prefix: str, client: str
+) -> None:
     start_at = time.time() + 2.0
-    procs = [_worker(redis_url, redis_prefix, start_at) for _ in range(4)]
+    procs = [_worker(redis_url, redis_prefix, start_at, client) for _ in range(4)]
     outputs = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
     admitted = [r for o in outputs for r in o["admitted"]]
