@@ -13,6 +13,7 @@ from engine.protocol import read_capped
 from gateway.errors import BodyTooLarge
 from gateway.policy import TenantContext
 from gateway.state import GatewayState
+from gateway.telemetry.tracing import route_of
 from tenancy.errors import ClientError
 
 
@@ -33,9 +34,11 @@ async def get_tenant(request: Request, state: StateDep) -> TenantContext:
         ctx = await state.policy.authenticate(request.headers.get("authorization"))
     except ClientError as exc:
         if tracing is not None:
-            path = request.scope["path"]
             tracing.refused_at_auth(
-                started=request.state.started, auth_began=began, path=path, error=exc
+                started=request.state.started,
+                auth_began=began,
+                path=route_of(request.scope),
+                error=exc,
             )
         raise
     if tracing is not None:  # the request's trace begins once it is planned (lifecycle)

@@ -44,7 +44,7 @@ from gateway.lifecycle.job import EngineTarget, Job, Planner
 from gateway.lifecycle.run import Run
 from gateway.policy import PolicyService, TenantContext
 from gateway.settings import GatewaySettings
-from gateway.telemetry.tracing import Tracing
+from gateway.telemetry.tracing import Tracing, route_of
 from tenancy.quota.store import QuotaStore
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class RequestLifecycle:
             trace = self.tracing.begin(
                 started=request.state.started,
                 auth=getattr(request.state, "lg_auth", None),
-                path=request.scope["path"],
+                path=route_of(request.scope),
                 tenant_id=ctx.tenant_id,
             )
         try:

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from engine.protocol import INSTRUMENTATION, TENANT_ATTRIBUTE, build_provider, to_epoch
 from engine.protocol import traceparent_of as _traceparent_of
@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
 SERVICE_NAME = "loragate-gateway"
+
+
+def route_of(scope: Mapping[str, Any]) -> str:
+    """The matched route's template (`/v1/models/{model_id}`), never the path a client sent."""
+    return str(getattr(scope.get("route"), "path", ""))
 
 
 def _error_code(error: BaseException) -> str:

@@ -135,6 +135,14 @@ async def test_a_bad_key_is_a_trace_of_its_own(
     assert (root.attributes or {})["loragate.error"] == "invalid_api_key"
     assert (root.attributes or {})["http.response.status_code"] == 401
     assert "loragate.tenant" not in (root.attributes or {})
+    assert (root.attributes or {})["http.route"] == "/v1/chat/completions"
+    # a path with a client's text in it is named by its route's template
+    spans.clear()
+    response = await gateway.client.get("/v1/models/no-key-here", headers=headers)
+    assert response.status_code == 401
+    found = await finished_trace(spans)
+    route = (one(found, "gateway.request").attributes or {})["http.route"]
+    assert route == "/v1/models/{model_id:path}"
 
 
 async def test_a_refusal_at_admission_ends_the_trace_there(
