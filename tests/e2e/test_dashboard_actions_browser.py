@@ -19,42 +19,32 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from browser import screenshot, start_chromium, wait_for
-from dashboard_pages import open_page, readable
+from dashboard_forms import (
+    Shop,
+    adapter_files,
+    api,
+    as_user,
+    at,
+    flash,
+    keys_by_name,
+    new_key,
+    per_row,
+    shots,
+    submit,
+)
+from dashboard_pages import open_page
 from dashboard_world import MODEL, World, chat, sdk
 from selenium import webdriver
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support import expected_conditions
-
-from gateway.demo.adapters import demo_adapter_files
-from tenancy.adapters.base_model import base_model_spec
 
 pytestmark = pytest.mark.browser
 WIDTHS = (1280, 390)
-
-
-@dataclass
-class Shop:
-    """A tenant of this module's: its id, a tenant-admin key and an inference key."""
-
-    id: str
-    name: str
-    admin_key: str
-    inference_key: str
-
-
-def _new_key(world: World, tenant_id: str, name: str, scopes: list[str]) -> str:
-    r = world.gateway.admin("POST", f"/tenants/{tenant_id}/keys",
-                            json={"name": name, "scopes": scopes})  # fmt: skip
-    assert r.status_code == 201, r.text
-    world.gateway.secrets.append(r.json()["key"])
-    return str(r.json()["key"])
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +58,8 @@ def shop(world: World) -> Shop:
         "requests_per_minute": 600, "tokens_per_minute": 100_000, "max_concurrent": 8,
         "daily_token_budget": 1_000_000, "monthly_token_budget": None}).status_code == 200  # fmt: skip
     return Shop(
-        id=tenant_id, name=name, admin_key=_new_key(world, tenant_id, "ops", ["tenant-admin"]),
-        inference_key=_new_key(world, tenant_id, "app", ["inference"]),
+        id=tenant_id, name=name, admin_key=new_key(world, tenant_id, "ops", ["tenant-admin"]),
+        inference_key=new_key(world, tenant_id, "app", ["inference"]),
     )  # fmt: skip
 
 
@@ -80,46 +70,6 @@ def d(chromium: tuple[str, str]) -> Iterator[webdriver.Chrome]:
         yield browser
     finally:
         browser.quit()
-
-
-def as_user(d: webdriver.Chrome, world: World, key: str) -> None:
-    d.delete_all_cookies()
-    open_page(d, world, "/dashboard/login")
-    d.find_element(By.ID, "key").send_keys(key)
-    d.find_element(By.CSS_SELECTOR, 'form[action="/dashboard/login"] button').click()
-    wait_for(d, lambda d: d.current_url.endswith("/dashboard"))
-
-
-def at(d: webdriver.Chrome, width: int) -> None:
-    d.set_window_size(width, 900)
-
-
-def submit(d: webdriver.Chrome, css: str, *, confirm: bool = False, loads: bool = True) -> None:
-    """Click a form's button (and accept its confirmation); with `loads`, wait for the answer."""
-    page = d.find_element(By.TAG_NAME, "html")
-    d.find_element(By.CSS_SELECTOR, css).click()
-    if confirm:
-        wait_for(d, expected_conditions.alert_is_present())
-        d.switch_to.alert.accept()
-    if loads:
-        wait_for(d, expected_conditions.staleness_of(page))
-
-
-def flash(d: webdriver.Chrome) -> str:
-    return str(wait_for(d, lambda d: d.find_element(By.ID, "flash").text))
-
-
-def api(world: World, path: str, **params: Any) -> Any:
-    r = world.gateway.admin("GET", path, params=params)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def shots(world: World, d: webdriver.Chrome, name: str) -> None:
-    """The page at both widths, and readable at both."""
-    screenshot(d, world.shots / f"{name}.png")
-    screenshot(d, world.shots / f"{name}-phone.png", width=390)
-    readable(d)
 
 
 def test_admin_creates_suspends_and_reactivates_tenants(
@@ -162,13 +112,6 @@ def test_admin_creates_suspends_and_reactivates_tenants(
     assert not d.find_elements(By.ID, "tenant-status-button")
 
 
-def _keys_by_name(world: World, tenant_id: str) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for key in api(world, f"/tenants/{tenant_id}/keys"):
-        out.setdefault(key["name"], []).append(key)
-    return out
-
-
 def _create_key(d: webdriver.Chrome, world: World, shop: Shop, name: str) -> str:
     open_page(d, world, f"/dashboard/tenants/{shop.id}/keys")
     d.find_element(By.ID, "key-name").send_keys(name)
@@ -200,7 +143,7 @@ def test_keys_are_created_copied_rotated_and_revoked(
             if (user, width) == ("tenant-admin", 1280):
                 shots(world, d, "key-created")
             # The API knows it by name, masked; the key itself works for inference.
-            listed = _keys_by_name(world, shop.id)[name]
+            listed = keys_by_name(world, shop.id)[name]
             assert [k["last_four"] for k in listed] == [new_key[-4:]]
             r = httpx.get(origin + "/v1/models", headers={"authorization": f"Bearer {new_key}"})
             assert r.status_code == 200
@@ -214,7 +157,7 @@ def test_keys_are_created_copied_rotated_and_revoked(
             rotated = str(wait_for(d, lambda d: d.find_element(
                 By.ID, "new-key-value").get_attribute("value")))  # fmt: skip
             world.gateway.secrets.append(rotated)
-            after = {k["id"]: k for k in _keys_by_name(world, shop.id)[name]}
+            after = {k["id"]: k for k in keys_by_name(world, shop.id)[name]}
             assert after[listed[0]["id"]]["replaced_by_id"] in after
             assert rotated[-4:] in {k["last_four"] for k in after.values()} and rotated != new_key
 
@@ -223,7 +166,7 @@ def test_keys_are_created_copied_rotated_and_revoked(
             open_page(d, world, f"/dashboard/tenants/{shop.id}/keys")
             submit(d, f'tr[data-key-id="{new_id}"] button[data-action="revoke"]', confirm=True)
             assert flash(d).startswith("Key revoked")
-            revoked = {k["id"]: k for k in _keys_by_name(world, shop.id)[name]}[new_id]
+            revoked = {k["id"]: k for k in keys_by_name(world, shop.id)[name]}[new_id]
             assert revoked["revoked_at"] is not None
             status = d.find_element(By.CSS_SELECTOR, f'tr[data-key-id="{new_id}"]')
             assert status.get_attribute("data-status") == "revoked"
@@ -252,7 +195,7 @@ def test_quotas_change_only_the_fields_edited(
     shots(world, d, "quotas")
     # A tenant-admin: the tenant's limits are read-only; a key's own limits are its to set.
     as_user(d, world, shop.admin_key)
-    key_id = _keys_by_name(world, shop.id)["app"][0]["id"]
+    key_id = keys_by_name(world, shop.id)["app"][0]["id"]
     for width, concurrent in zip(WIDTHS, (4, 3), strict=True):
         at(d, width)
         open_page(d, world, f"/dashboard/tenants/{shop.id}/quotas")
@@ -281,23 +224,12 @@ def test_quotas_change_only_the_fields_edited(
     shots(world, d, "quotas-key")
 
 
-def _adapter_dir(tmp: Path, model_dir: Path, name: str, rank: int) -> list[str]:
-    spec = base_model_spec(model_dir, MODEL)
-    folder = tmp / name
-    folder.mkdir()
-    paths = []
-    for f in demo_adapter_files(spec, seed=5, rank=rank):
-        (folder / f.filename).write_bytes(f.data)
-        paths.append(str(folder / f.filename))
-    return paths
-
-
 def test_adapters_upload_with_progress_and_refusals_in_place(
     world: World, d: webdriver.Chrome, shop: Shop, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    good = _adapter_dir(tmp_path, tiny_model_dir, "good", rank=8)
+    good = adapter_files(tmp_path, tiny_model_dir, "good", rank=8)
     max_rank = api(world, "/adapters/limits")["max_rank"]
-    too_wide = _adapter_dir(tmp_path, tiny_model_dir, "wide", rank=max_rank * 2)
+    too_wide = adapter_files(tmp_path, tiny_model_dir, "wide", rank=max_rank * 2)
     for user, key in (("ta", shop.admin_key), ("admin", world.gateway.admin_key)):
         as_user(d, world, key)
         for width in WIDTHS:
@@ -330,18 +262,10 @@ def test_adapters_upload_with_progress_and_refusals_in_place(
     assert d.find_element(By.ID, "upload-bar").get_attribute("max") == "100"
 
 
-def _per(d: webdriver.Chrome, table: str, attr: str) -> dict[str, tuple[int, int]]:
-    return {
-        str(row.get_attribute(attr)): (int(row.get_attribute("data-requests") or 0),
-                                       int(row.get_attribute("data-tokens") or 0))
-        for row in d.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr[{attr}]")
-    }  # fmt: skip
-
-
 def test_usage_over_a_time_range_per_key_and_per_model(
     world: World, d: webdriver.Chrome, shop: Shop
 ) -> None:
-    second = _new_key(world, shop.id, "batch", ["inference"])
+    second = new_key(world, shop.id, "batch", ["inference"])
     for key, n in ((shop.inference_key, 2), (second, 1)):
         for i in range(n):
             chat(sdk(world.gateway, key), MODEL, f"Usage page request {i}.", 5)
@@ -361,8 +285,8 @@ def test_usage_over_a_time_range_per_key_and_per_model(
         open_page(d, world, f"/dashboard/tenants/{shop.id}/usage")
         d.find_element(By.CSS_SELECTOR, '#presets a[data-range="24h"]').click()
         wait_for(d, lambda d: "range=24h" in d.current_url)
-        assert _per(d, "per-model", "data-model") == ledger
-        per_key = _per(d, "per-key", "data-key-id")
+        assert per_row(d, "per-model", "data-model") == ledger
+        per_key = per_row(d, "per-key", "data-key-id")
         assert per_key[keys["app"]][0] == 2 and per_key[keys["batch"]][0] == 1
         assert sum(t for _, t in per_key.values()) == sum(t for _, t in ledger.values())
         if user == "ta":
@@ -373,8 +297,8 @@ def test_usage_over_a_time_range_per_key_and_per_model(
                 d.execute_script("arguments[0].value = arguments[1]",
                                  d.find_element(By.ID, field), day.isoformat())  # fmt: skip
             submit(d, "#custom-range button")
-            wait_for(d, lambda d, day=day: f"from={day.isoformat()}" in d.current_url)
-            assert _per(d, "per-model", "data-model") == expected
+            assert f"from={day.isoformat()}" in d.current_url
+            assert per_row(d, "per-model", "data-model") == expected
     # A backwards range is refused in place, naming the field.
     open_page(d, world, f"/dashboard/tenants/{shop.id}/usage?range=custom&from={today}&to="
               f"{today - dt.timedelta(days=3)}")  # fmt: skip

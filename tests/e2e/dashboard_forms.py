@@ -1,0 +1,103 @@
+"""Driving the dashboard's forms in the browser for tests/e2e/test_dashboard_actions_browser.py:
+logging in as someone, a window width, submitting a form (and accepting its confirmation), the
+message after a redirect, the admin API's answer to compare with, and the files of an adapter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from browser import screenshot, wait_for
+from dashboard_pages import open_page, readable
+from dashboard_world import MODEL, World
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+
+from gateway.demo.adapters import demo_adapter_files
+from tenancy.adapters.base_model import base_model_spec
+
+
+@dataclass
+class Shop:
+    """A tenant of this module's: its id, a tenant-admin key and an inference key."""
+
+    id: str
+    name: str
+    admin_key: str
+    inference_key: str
+
+
+def new_key(world: World, tenant_id: str, name: str, scopes: list[str]) -> str:
+    r = world.gateway.admin("POST", f"/tenants/{tenant_id}/keys",
+                            json={"name": name, "scopes": scopes})  # fmt: skip
+    assert r.status_code == 201, r.text
+    world.gateway.secrets.append(r.json()["key"])
+    return str(r.json()["key"])
+
+
+def as_user(d: webdriver.Chrome, world: World, key: str) -> None:
+    d.delete_all_cookies()
+    open_page(d, world, "/dashboard/login")
+    d.find_element(By.ID, "key").send_keys(key)
+    d.find_element(By.CSS_SELECTOR, 'form[action="/dashboard/login"] button').click()
+    wait_for(d, lambda d: d.current_url.endswith("/dashboard"))
+
+
+def at(d: webdriver.Chrome, width: int) -> None:
+    d.set_window_size(width, 900)
+
+
+def submit(d: webdriver.Chrome, css: str, *, confirm: bool = False, loads: bool = True) -> None:
+    """Click a form's button (and accept its confirmation); with `loads`, wait for the answer."""
+    page = d.find_element(By.TAG_NAME, "html")
+    d.find_element(By.CSS_SELECTOR, css).click()
+    if confirm:
+        wait_for(d, expected_conditions.alert_is_present())
+        d.switch_to.alert.accept()
+    if loads:
+        wait_for(d, expected_conditions.staleness_of(page))
+
+
+def flash(d: webdriver.Chrome) -> str:
+    return str(wait_for(d, lambda d: d.find_element(By.ID, "flash").text))
+
+
+def api(world: World, path: str, **params: Any) -> Any:
+    r = world.gateway.admin("GET", path, params=params)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def shots(world: World, d: webdriver.Chrome, name: str) -> None:
+    """The page at both widths, and readable at both."""
+    screenshot(d, world.shots / f"{name}.png")
+    screenshot(d, world.shots / f"{name}-phone.png", width=390)
+    readable(d)
+
+
+def keys_by_name(world: World, tenant_id: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key in api(world, f"/tenants/{tenant_id}/keys"):
+        out.setdefault(key["name"], []).append(key)
+    return out
+
+
+def adapter_files(tmp: Path, model_dir: Path, name: str, rank: int) -> list[str]:
+    spec = base_model_spec(model_dir, MODEL)
+    folder = tmp / name
+    folder.mkdir()
+    paths = []
+    for f in demo_adapter_files(spec, seed=5, rank=rank):
+        (folder / f.filename).write_bytes(f.data)
+        paths.append(str(folder / f.filename))
+    return paths
+
+
+def per_row(d: webdriver.Chrome, table: str, attr: str) -> dict[str, tuple[int, int]]:
+    return {
+        str(row.get_attribute(attr)): (int(row.get_attribute("data-requests") or 0),
+                                       int(row.get_attribute("data-tokens") or 0))
+        for row in d.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr[{attr}]")
+    }  # fmt: skip
