@@ -1,6 +1,11 @@
 """Quota admission benchmark: admissions per second and p50 / p99 latency of one admit+settle
 cycle's admission, for the Redis store from 1 and from 4 processes, and the in-process store.
 
+The Redis store runs on the gateway's client (`redis_*`: one pipelined connection per process,
+tenancy/quota/pipelined.py) and, right after each, on redis-py's pooled client (`redis-py_*`), the
+peer it replaced: each Redis row also gives the client process's CPU per admit + settle cycle,
+and `ratios.client_cpu_redis_py_over_pipelined` compares the two (saturated, one process).
+
 Each worker runs `--concurrency` coroutines that admit (and settle) against a tenant with limits
 high enough never to reject, so the measured path is the full Lua script. Two modes per store:
 
@@ -37,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tenancy.ids import RequestId
 from tenancy.quota.memory_store import InProcessQuotaStore
+from tenancy.quota.pipelined import PipelinedRedis
 from tenancy.quota.redis_store import RedisQuotaStore
 from tenancy.quota.store import QuotaLimits, QuotaStore, QuotaSubject
 from tenancy.redis_client import make_redis
@@ -78,20 +84,29 @@ async def _drive(
     return latencies
 
 
-def _redis_worker(args: tuple[str, str, float, int, float, float | None]) -> list[float]:
-    url, prefix, seconds, concurrency, start_at, rate = args
+def _redis_worker(
+    args: tuple[str, str, float, int, float, float | None, str],
+) -> tuple[list[float], float]:
+    """(admission latencies, CPU seconds this process spent in the timed part)."""
+    url, prefix, seconds, concurrency, start_at, rate, client = args
 
-    async def run() -> list[float]:
+    async def run() -> tuple[list[float], float]:
         store = RedisQuotaStore(
-            make_redis(url, max_connections=concurrency), prefix=prefix, lease_ttl_s=60
+            PipelinedRedis(url)
+            if client == "pipelined"
+            else make_redis(url, max_connections=concurrency),
+            prefix=prefix,
+            lease_ttl_s=60,
         )
         subject = QuotaSubject("t:bench", LIMITS)
         await store.admit(
             request_id=RequestId(uuid.uuid4().hex), subjects=[subject], reserve_tokens=1
         )
         await asyncio.sleep(max(0.0, start_at - time.time()))
+        cpu = time.process_time()
         try:
-            return await _drive(store, subject, seconds, concurrency, rate)
+            latencies = await _drive(store, subject, seconds, concurrency, rate)
+            return latencies, time.process_time() - cpu
         finally:
             await store.close()
 
@@ -110,16 +125,25 @@ def _summarise(latencies: list[float], seconds: float) -> dict[str, float]:
 
 
 def bench_redis(
-    url: str, procs: int, seconds: float, concurrency: int, rate: float | None = None
+    url: str,
+    procs: int,
+    seconds: float,
+    concurrency: int,
+    rate: float | None = None,
+    client: str = "pipelined",
 ) -> dict[str, float]:
+    """`client`: "pipelined", the gateway's (tenancy/quota/pipelined.py), or "redis-py"."""
     prefix = f"lgbench:{uuid.uuid4().hex[:8]}:"
     start_at = time.time() + 1.0 + 0.3 * procs
     ctx = mp.get_context("spawn")
     with ctx.Pool(procs) as pool:
-        work = [(url, prefix, seconds, concurrency, start_at, rate)] * procs
+        work = [(url, prefix, seconds, concurrency, start_at, rate, client)] * procs
         results = pool.map(_redis_worker, work)
     _cleanup(url, prefix)
-    return _summarise([x for r in results for x in r], seconds)
+    summary = _summarise([x for r, _ in results for x in r], seconds)
+    # Client CPU per admit + settle cycle: what the gateway's process pays for its quota store.
+    summary["cpu_us_per_cycle"] = sum(c for _, c in results) / max(1, summary["n"]) * 1e6
+    return summary
 
 
 def _cleanup(url: str, prefix: str) -> None:
@@ -172,17 +196,21 @@ def main() -> int:
         )  # fmt: skip
         url = f"redis://127.0.0.1:{port}/0"
         time.sleep(0.5)
+    # redis_*: the gateway's client (one pipelined connection); redis-py_*: redis-py's pooled
+    # client, run right after each, for the comparison.
+    cells = [(n, f"{name}_{n}proc", client) for n in (1, 4)
+             for name, client in (("redis", "pipelined"), ("redis-py", "redis-py"))]  # fmt: skip
     try:
         saturated = {
-            "redis_1proc": bench_redis(url, 1, seconds, args.concurrency),
-            "redis_4proc": bench_redis(url, 4, seconds, args.concurrency),
-            "inprocess": bench_inprocess(seconds, args.concurrency),
+            name: bench_redis(url, n, seconds, args.concurrency, client=client)
+            for n, name, client in cells
         }
+        saturated["inprocess"] = bench_inprocess(seconds, args.concurrency)
         paced = {
-            "redis_1proc": bench_redis(url, 1, seconds, args.concurrency, args.rate),
-            "redis_4proc": bench_redis(url, 4, seconds, args.concurrency, args.rate),
-            "inprocess": bench_inprocess(seconds, args.concurrency, args.rate),
+            name: bench_redis(url, n, seconds, args.concurrency, args.rate, client=client)
+            for n, name, client in cells
         }
+        paced["inprocess"] = bench_inprocess(seconds, args.concurrency, args.rate)
     finally:
         if server is not None:
             server.terminate()
@@ -190,13 +218,23 @@ def main() -> int:
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"{'mode':<11}{'store':<14}{'admissions/s':>14}{'p50 ms':>10}{'p99 ms':>10}{'n':>10}")
+    print(
+        f"{'mode':<11}{'store':<17}{'admissions/s':>14}{'p50 ms':>10}{'p99 ms':>10}{'n':>10}"
+        f"{'client CPU us/cycle':>21}"
+    )
     for mode, results in (("saturated", saturated), (f"{args.rate:.0f}/s/proc", paced)):
         for name, r in results.items():
+            cpu = f"{r['cpu_us_per_cycle']:>21.1f}" if "cpu_us_per_cycle" in r else ""
             print(
-                f"{mode:<11}{name:<14}{r['admissions_per_s']:>14.0f}{r['p50_ms']:>10.3f}"
-                f"{r['p99_ms']:>10.3f}{r['n']:>10.0f}"
+                f"{mode:<11}{name:<17}{r['admissions_per_s']:>14.0f}{r['p50_ms']:>10.3f}"
+                f"{r['p99_ms']:>10.3f}{r['n']:>10.0f}{cpu}"
             )
+    # redis-py / the gateway's client, saturated from one process: CPU per admit + settle.
+    cpu_ratio = (
+        saturated["redis-py_1proc"]["cpu_us_per_cycle"]
+        / saturated["redis_1proc"]["cpu_us_per_cycle"]
+    )
+    print(f"client CPU per cycle, redis-py / pipelined (saturated, 1 process): x{cpu_ratio:.2f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
@@ -204,6 +242,7 @@ def main() -> int:
             "p99_ms": {k: round(v["p99_ms"], 4) for k, v in paced.items()},
             "p50_ms": {k: round(v["p50_ms"], 4) for k, v in paced.items()},
             "admissions_per_s": {k: round(v["admissions_per_s"], 1) for k, v in saturated.items()},
+            "ratios": {"client_cpu_redis_py_over_pipelined": round(cpu_ratio, 3)},
             "saturated": saturated,
             "paced": paced,
             "rate_per_process": args.rate,
