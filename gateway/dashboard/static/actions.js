@@ -3,6 +3,11 @@
 // also works without this script (a plain POST answered by a page).
 "use strict";
 (function () {
+  // The page that shows a new key answers a POST: make a reload fetch the keys page instead of
+  // sending the form again (which would make another key).
+  var back = document.getElementById("new-key-done");
+  if (back && window.history.replaceState) window.history.replaceState(null, "", back.getAttribute("href"));
+
   document.querySelectorAll("button[data-copy]").forEach(function (button) {
     var field = document.getElementById(button.getAttribute("data-copy"));
     var status = document.getElementById("copy-status");
