@@ -23,6 +23,7 @@ EXPECTED: dict[str, tuple[bool | None, bool]] = {
     "quota.put": (None, True),
     "adapter.create": (False, True),
     "adapter.delete": (True, False),
+    "price.put": (False, True),
 }
 
 
@@ -39,7 +40,7 @@ async def test_every_mutating_route_is_audited(
             for method in ops
             if method in {"post", "put", "patch", "delete"}
         }
-        assert len(mutating) == 12
+        assert len(mutating) == 13
         called: set[tuple[str, str]] = set()
 
         async def call(method: str, template: str, path: str, **kw: object) -> dict[str, object]:
@@ -89,6 +90,9 @@ async def test_every_mutating_route_is_audited(
             f"/tenants/{tid}/adapters/{a['id']}",
         )  # fmt: skip
         await call("DELETE", "/tenants/{tenant_id}", f"/tenants/{tid}")
+        await call(
+            "PUT", "/prices", "/prices", json={"model": "tiny", "prompt": 1, "completion": 2}
+        )
         assert called == mutating, mutating - called
 
         events = (await h.call("GET", "/audit?limit=1000")).json()
