@@ -1,4 +1,4 @@
-"""`loragate admin tenants|keys|quotas|adapters|usage|audit|login ...`: the admin REST API from a
+"""`loragate admin tenants|keys|quotas|adapters|usage|webhooks|audit|login ...`: the admin REST API from a
 shell, the way kubectl talks to its server (never to the database). Each command is one or two
 API calls; tables for people, `--json` for scripts (the API's answer as it is)."""
 
@@ -16,6 +16,15 @@ from tenancy.admin_cli.preflight import UploadLimits, check_upload
 from tenancy.admin_cli.spend import prices_list, prices_set, spend
 from tenancy.admin_cli.tenant_arg import TenantNotFound, resolve_tenant
 from tenancy.admin_cli.upload import ARCHIVES, files_of, upload
+from tenancy.admin_cli.webhooks import (
+    webhooks_create,
+    webhooks_delete,
+    webhooks_deliveries,
+    webhooks_get,
+    webhooks_rotate_secret,
+    webhooks_test,
+    webhooks_update,
+)
 
 Handler = Callable[[AdminClient, argparse.Namespace], Any]
 
@@ -218,7 +227,19 @@ class UsageError(Exception):
     pass
 
 
-__all__ = ["prices_list", "prices_set", "spend"]  # handlers named by parser.py, kept elsewhere
+# handlers named by parser.py, kept elsewhere
+__all__ = [
+    "prices_list",
+    "prices_set",
+    "spend",
+    "webhooks_create",
+    "webhooks_delete",
+    "webhooks_deliveries",
+    "webhooks_get",
+    "webhooks_rotate_secret",
+    "webhooks_test",
+    "webhooks_update",
+]
 
 
 def tenant_of(args: argparse.Namespace) -> str | None:

@@ -207,6 +207,8 @@ def add_rest_commands(admin: Any) -> None:
     p.add_argument("--since", type=_date, default=None, help="YYYY-MM-DD (UTC, inclusive)")
     p.add_argument("--until", type=_date, default=None, help="YYYY-MM-DD (UTC, inclusive)")
 
+    _webhook_commands(admin, common)
+
     p = _command(admin, "audit", "audit", "the audit log, newest first", common)
     _tenant(p, optional=True)
     p.add_argument("--action", default=None, help="e.g. key.create")
@@ -219,3 +221,35 @@ def add_rest_commands(admin: Any) -> None:
     p.add_argument("--url", required=True, help="the gateway, e.g. https://gateway.example")
     p.add_argument("--profile", default=None)
     p.set_defaults(handler=functools.partial(_run, "login"))
+
+
+def _webhook_commands(admin: Any, common: Any) -> None:
+    hooks = admin.add_parser("webhooks", help="budget-alert webhooks").add_subparsers(
+        dest="verb", required=True
+    )
+    for verb, handler, text in (
+        ("get", "webhooks_get", "the tenant's webhook (never its secret)"),
+        ("create", "webhooks_create", "register it; prints the signing secret once"),
+        ("update", "webhooks_update", "change its URL, thresholds, events or state"),
+        ("delete", "webhooks_delete", "remove it"),
+        ("rotate-secret", "webhooks_rotate_secret", "a new signing secret, printed once"),
+        ("test", "webhooks_test", "send a webhook.test event"),
+        ("deliveries", "webhooks_deliveries", "the delivery log, newest first"),
+    ):
+        p = _command(hooks, verb, handler, text, common)
+        _tenant(p)
+        if verb == "create":
+            p.add_argument("url")
+            p.add_argument("--disabled", action="store_true", help="registered, not sending")
+        if verb == "update":
+            p.add_argument("--url", default=None)
+            p.add_argument("--enabled", default=None, type=lambda t: t.lower() == "true",
+                           metavar="true|false")  # fmt: skip
+        if verb in ("create", "update"):
+            p.add_argument("--threshold", type=int, action="append", metavar="PERCENT",
+                           help="repeat for several (default 50, 80, 100)")  # fmt: skip
+            p.add_argument("--event", action="append",
+                           choices=("budget.threshold", "outage.quota_store", "outage.engine"),
+                           help="repeat for several (default: budget.threshold)")  # fmt: skip
+        if verb == "deliveries":
+            p.add_argument("--limit", type=int, default=50)

@@ -305,6 +305,21 @@ def test_prices_spend_and_currency_budgets(cli: Cli) -> None:
     assert code == 0 and "per model" in out
 
 
+def test_webhooks(cli: Cli) -> None:
+    tenant, url = _tenant(cli, "cli-hooks"), "https://93.184.216.34/hook"  # public: allowed
+    code, out, err = cli.run("webhooks", "create", tenant, url, "--threshold", "75")
+    assert code == 0 and out.startswith("whsec_") and "75" in err  # the secret alone on stdout
+    assert cli.json("webhooks", "update", tenant, "--event", "outage.engine")["thresholds"] == [75]
+    assert cli.json("webhooks", "get", tenant)["events"] == ["outage.engine"]
+    assert cli.json("webhooks", "rotate-secret", tenant)["secret"] != out.strip()
+    sent = cli.json("webhooks", "test", tenant)["delivery_id"]
+    assert sent in [d["id"] for d in cli.json("webhooks", "deliveries", tenant)]
+    code, _, err = cli.run("webhooks", "update", tenant, "--url", "http://169.254.169.254/")
+    assert code == 1 and "(field: url)" in err
+    assert cli.run("webhooks", "delete", tenant)[0] == 0
+    assert cli.run("webhooks", "get", tenant)[0] == 1
+
+
 def test_tenant_names(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     """TENANT is a name or an id everywhere; a tenant admin resolves its own name only."""
     mine, other = _tenant(cli, "cli-names-mine"), _tenant(cli, "cli-names-other")
