@@ -9,8 +9,8 @@
 
 Off (`LORAGATE_OTEL_ENDPOINT` unset), the state holds no `Tracing` and no request a
 `RequestTrace`: what runs per request is an `is not None` test at each of the places above, and
-the SDK's tracing is never imported. The shared mechanics (the exporter, the header, the clocks) are
-engine/protocol/tracing.py's, so both sides of the wire trace alike.
+the SDK's tracing is never imported. The shared mechanics (the exporter, the header, the
+clocks) are engine/protocol/tracing.py's, so both sides of the wire trace alike.
 
 A trace has the request's owners: the lifecycle begins it once the key is checked and ends it
 if the request is refused before it runs (`refused`); from then on its `Run` carries it through
@@ -40,8 +40,11 @@ SERVICE_NAME = "loragate-gateway"
 
 
 def route_of(scope: Mapping[str, Any]) -> str:
-    """The matched route's template (`/v1/models/{model_id}`), never the path a client sent."""
-    return str(getattr(scope.get("route"), "path", ""))
+    """The matched route's template (`/v1/models/{model_id:path}`) where FastAPI leaves it in
+    the scope (0.165 does not for every route: not for the inference POSTs), else the path: of
+    the routes that authenticate tenants, only that one has a client's text in its path."""
+    route = scope.get("route")
+    return str(route.path) if route is not None else str(scope["path"])
 
 
 def _error_code(error: BaseException) -> str:
@@ -126,7 +129,6 @@ class Tracing:
     def __init__(self, tracer: Tracer, provider: TracerProvider | None = None) -> None:
         self._tracer = tracer
         self._provider = provider  # shut down (its queue flushed) at close; tests pass none
-        self._epoch: Callable[[float], int] = to_epoch(time.perf_counter)
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> Tracing | None:
@@ -135,24 +137,26 @@ class Tracing:
         provider = build_provider(settings.otel_endpoint, service_name=SERVICE_NAME)
         return cls(provider.get_tracer(INSTRUMENTATION), provider)
 
-    def _root(self, started: float, path: str) -> Span:
+    def _root(self, epoch: Callable[[float], int], started: float, path: str) -> Span:
         from opentelemetry.trace import SpanKind
 
         return self._tracer.start_span(
             "gateway.request",
             kind=SpanKind.SERVER,
-            start_time=self._epoch(started),
-            attributes={"http.request.method": "POST", "http.route": path},
+            start_time=epoch(started),
+            attributes={"http.route": path},
         )
 
-    def _auth(self, root: Span, began: float, ended: float | None) -> Span:
+    def _auth(
+        self, epoch: Callable[[float], int], root: Span, began: float, ended: float | None
+    ) -> Span:
         from opentelemetry.trace import set_span_in_context
 
         span = self._tracer.start_span(
-            "gateway.auth", context=set_span_in_context(root), start_time=self._epoch(began)
+            "gateway.auth", context=set_span_in_context(root), start_time=epoch(began)
         )
         if ended is not None:
-            span.end(end_time=self._epoch(ended))
+            span.end(end_time=epoch(ended))
         return span
 
     def begin(
@@ -160,18 +164,20 @@ class Tracing:
     ) -> RequestTrace:
         """A request's trace from its arrival (`started`, perf_counter) and its key check's
         times (None: not timed)."""
-        root = self._root(started, path)
+        epoch = to_epoch(time.perf_counter)  # per request: the two clocks drift apart
+        root = self._root(epoch, started, path)
         root.set_attribute(TENANT_ATTRIBUTE, tenant_series_label(tenant_id))
         if auth is not None:
-            self._auth(root, *auth)
+            self._auth(epoch, root, *auth)
         return RequestTrace(self._tracer, root)
 
     def refused_at_auth(
         self, *, started: float, auth_began: float, path: str, error: Exception
     ) -> None:
         """A request the key check refused: its trace, complete (no tenant: none was found)."""
-        root = self._root(started, path)
-        trace = RequestTrace(self._tracer, root, phase=self._auth(root, auth_began, None))
+        epoch = to_epoch(time.perf_counter)
+        root = self._root(epoch, started, path)
+        trace = RequestTrace(self._tracer, root, phase=self._auth(epoch, root, auth_began, None))
         trace.refused(error)
 
     def instrument(self, engine: object) -> None:
