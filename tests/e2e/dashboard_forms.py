@@ -4,6 +4,7 @@ message after a redirect, the admin API's answer to compare with, and the files 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,9 @@ from browser import screenshot, wait_for
 from dashboard_pages import open_page, readable
 from dashboard_world import MODEL, World
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
 
 from gateway.demo.adapters import demo_adapter_files
@@ -43,24 +46,46 @@ def as_user(d: webdriver.Chrome, world: World, key: str) -> None:
     d.find_element(By.ID, "key").send_keys(key)
     d.find_element(By.CSS_SELECTOR, 'form[action="/dashboard/login"] button').click()
     wait_for(d, lambda d: d.current_url.endswith("/dashboard"))
+    loaded(d)
 
 
 def at(d: webdriver.Chrome, width: int) -> None:
     d.set_window_size(width, 900)
 
 
+def _left(page: WebElement) -> Callable[[webdriver.Chrome], bool]:
+    """True once `page` (the old document's root) is gone: stale, or, while the next document
+    replaces it, a node Chromium no longer finds in the document (another error)."""
+
+    def gone(_: webdriver.Chrome) -> bool:
+        try:
+            page.is_enabled()
+        except WebDriverException:  # StaleElementReferenceException is one
+            return True
+        return False
+
+    return gone
+
+
+def loaded(d: webdriver.Chrome) -> None:
+    wait_for(d, lambda d: d.execute_script("return document.readyState") == "complete")
+
+
 def submit(d: webdriver.Chrome, css: str, *, confirm: bool = False, loads: bool = True) -> None:
-    """Click a form's button (and accept its confirmation); with `loads`, wait for the answer."""
+    """Click a form's button or a link (and accept its confirmation); with `loads`, wait for
+    the answer to replace the page."""
     page = d.find_element(By.TAG_NAME, "html")
     d.find_element(By.CSS_SELECTOR, css).click()
     if confirm:
         wait_for(d, expected_conditions.alert_is_present())
         d.switch_to.alert.accept()
     if loads:
-        wait_for(d, expected_conditions.staleness_of(page))
+        wait_for(d, _left(page))
+        loaded(d)
 
 
 def flash(d: webdriver.Chrome) -> str:
+    loaded(d)
     return str(wait_for(d, lambda d: d.find_element(By.ID, "flash").text))
 
 
