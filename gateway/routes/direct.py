@@ -24,7 +24,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.routing import APIRoute
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.deps import get_state, get_tenant, read_body
 from gateway.policy import TenantContext
@@ -65,29 +65,24 @@ class DirectRoutes:
             await self.app(scope, receive, send)
             return
         request: Request = Request(scope, receive, send)
-        started = False
-
-        async def sender(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
         try:
             state = await get_state(request)
             ctx = await get_tenant(request, state)
             raw = await read_body(request, state)
             response = await endpoint(request, state, ctx, raw)
-            await response(scope, receive, sender)
         except Exception as exc:
             handler = self._handler(exc)
-            if handler is None or started:
-                raise  # the edge's last resort: a 500, or a cut stream once it has begun
+            if handler is None:
+                raise  # the edge's last resort: a constant 500
             answer = handler(request, exc)
             if inspect.isawaitable(answer):  # the gateway's handlers are all async
                 answer = await answer
-            await answer(scope, receive, sender)
+            await answer(scope, receive, send)
             exc.__traceback__ = None  # an exception instance may be reused
+            return
+        # Sending is not wrapped: the gateway's responses raise nothing before their first
+        # message, and once it is out a failure can only cut the answer (the edge's part).
+        await response(scope, receive, send)
 
     def _handler(self, exc: Exception) -> Handler | None:
         for cls in type(exc).__mro__:

@@ -99,6 +99,29 @@ async def test_keepalive_comments_while_the_engine_is_silent_and_the_end_is_sent
     assert not any(k == b"content-length" for k, _ in start["headers"])
 
 
+async def test_events_already_queued_go_out_in_one_send_and_stay_whole() -> None:
+    """A gateway behind its engine catches up in one body message (issue 48), not one per
+    event; each SSE event is still whole and in order, and the end still ends the stream."""
+    source = Source()
+    events = [f'data: {{"i": {i}}}\n\n'.encode() for i in range(5)]
+    for event in events:
+        source.events.put_nowait(event)
+    source.events.put_nowait(None)
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        return {}
+
+    response = EventStreamResponse(source, b"data: first\n\n", headers={}, keepalive_s=1.0)
+    await asyncio.wait_for(response({"type": "http"}, receive, send), 5)
+    bodies = [m["body"] for m in sent if m["type"] == "http.response.body"]
+    assert bodies == [b"data: first\n\n", b"".join(events), b""]
+
+
 async def test_a_client_that_leaves_is_reported_to_the_run_at_once() -> None:
     source = Source()
 
