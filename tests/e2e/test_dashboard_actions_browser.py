@@ -294,20 +294,22 @@ def test_usage_over_a_time_range_per_key_and_per_model(
     ledger = {r["model"]: (r["num_requests"], r["prompt_tokens"] + r["completion_tokens"])
               for r in rows}  # fmt: skip
     keys = {k["name"]: k["id"] for k in api(world, f"/tenants/{shop.id}/keys")}
+    yesterday = today - dt.timedelta(days=1)
     for user, key in (("ta", shop.admin_key), ("admin", world.gateway.admin_key)):
         as_user(d, world, key)
-        at(d, 1280 if user == "ta" else 390)
-        open_page(d, world, f"/dashboard/tenants/{shop.id}/usage")
-        d.find_element(By.CSS_SELECTOR, '#presets a[data-range="24h"]').click()
-        wait_for(d, lambda d: "range=24h" in d.current_url)
-        assert per_row(d, "per-model", "data-model") == ledger
-        per_key = per_row(d, "per-key", "data-key-id")
-        assert per_key[keys["app"]][0] == 2 and per_key[keys["batch"]][0] == 1
-        assert sum(t for _, t in per_key.values()) == sum(t for _, t in ledger.values())
-        if user == "ta":
-            shots(world, d, "usage")
-        # Custom dates: yesterday only holds none of it; today holds all of it.
-        for day, expected in ((today - dt.timedelta(days=1), {}), (today, ledger)):
+        # A preset at each width (both hold today), then custom dates: yesterday only holds
+        # none of it, today holds all of it.
+        for width, preset, day, expected in ((1280, "24h", yesterday, {}), (390, "30d", today, ledger)):  # fmt: skip
+            at(d, width)
+            open_page(d, world, f"/dashboard/tenants/{shop.id}/usage")
+            submit(d, f'#presets a[data-range="{preset}"]')
+            assert f"range={preset}" in d.current_url
+            assert per_row(d, "per-model", "data-model") == ledger
+            per_key = per_row(d, "per-key", "data-key-id")
+            assert per_key[keys["app"]][0] == 2 and per_key[keys["batch"]][0] == 1
+            assert sum(t for _, t in per_key.values()) == sum(t for _, t in ledger.values())
+            if (user, width) == ("ta", 1280):
+                shots(world, d, "usage")
             for field in ("range-from", "range-to"):
                 d.execute_script("arguments[0].value = arguments[1]",
                                  d.find_element(By.ID, field), day.isoformat())  # fmt: skip
@@ -321,32 +323,34 @@ def test_usage_over_a_time_range_per_key_and_per_model(
 
 
 def test_audit_log_filters_and_csv_export(world: World, d: webdriver.Chrome, shop: Shop) -> None:
-    for user, key, width in (("ta", shop.admin_key, 1280), ("admin", world.gateway.admin_key, 390)):
+    for user, key in (("ta", shop.admin_key), ("admin", world.gateway.admin_key)):
         as_user(d, world, key)
-        at(d, width)
-        open_page(d, world, "/dashboard/audit")
-        if user == "admin":  # an admin picks the tenant; a tenant-admin has only its own
-            d.find_element(By.CSS_SELECTOR, f'#f-tenant option[value="{shop.id}"]').click()
-        else:
-            assert not d.find_elements(By.ID, "f-tenant")
-        d.find_element(By.CSS_SELECTOR, '#f-action option[value="key.revoke"]').click()
-        submit(d, "#audit-filter button[type=submit]")
-        wait_for(d, lambda d: "action=key.revoke" in d.current_url)
-        shown = [r.get_attribute("data-object-id")
-                 for r in d.find_elements(By.CSS_SELECTOR, "#events tbody tr[data-action]")]  # fmt: skip
-        expected = [e["object_id"] for e in api(world, "/audit", tenant_id=shop.id,
-                                                 action="key.revoke")]  # fmt: skip
-        assert shown == expected and len(shown) >= 4  # the keys test revoked four
-        if user == "ta":
-            shots(world, d, "audit")
-        # The export: the same filter, as an attachment.
-        href = d.find_element(By.ID, "csv-export").get_attribute("href")
-        got = d.execute_async_script(
-            "fetch(arguments[0]).then(r => r.text().then(t => arguments[1]("
-            "[r.headers.get('content-disposition'), t])))",
-            href,
-        )
-        assert got[0].startswith("attachment;")
-        rows = list(csv.DictReader(io.StringIO(got[1])))
-        assert [r["object_id"] for r in rows] == expected
-        assert all(json.loads(r["after"])["revoked_at"] for r in rows)
+        for width, action in ((1280, "key.revoke"), (390, "key.rotate")):
+            at(d, width)
+            open_page(d, world, "/dashboard/audit")
+            if user == "admin":  # an admin picks the tenant; a tenant-admin has only its own
+                d.find_element(By.CSS_SELECTOR, f'#f-tenant option[value="{shop.id}"]').click()
+            else:
+                assert not d.find_elements(By.ID, "f-tenant")
+            d.find_element(By.CSS_SELECTOR, f'#f-action option[value="{action}"]').click()
+            submit(d, "#audit-filter button[type=submit]")
+            assert f"action={action}" in d.current_url
+            shown = [r.get_attribute("data-object-id")
+                     for r in d.find_elements(By.CSS_SELECTOR, "#events tbody tr[data-action]")]  # fmt: skip
+            expected = [e["object_id"] for e in api(world, "/audit", tenant_id=shop.id,
+                                                     action=action)]  # fmt: skip
+            assert shown == expected and len(shown) >= 4  # the keys test did each four times
+            if (user, width) == ("ta", 1280):
+                shots(world, d, "audit")
+            # The export: the same filter, as an attachment.
+            href = d.find_element(By.ID, "csv-export").get_attribute("href")
+            got = d.execute_async_script(
+                "fetch(arguments[0]).then(r => r.text().then(t => arguments[1]("
+                "[r.headers.get('content-disposition'), t])))",
+                href,
+            )
+            assert got[0].startswith("attachment;")
+            rows = list(csv.DictReader(io.StringIO(got[1])))
+            assert [r["object_id"] for r in rows] == expected
+            field = "revoked_at" if action == "key.revoke" else "rotation_grace_until"
+            assert all(json.loads(r["after"])[field] for r in rows)
