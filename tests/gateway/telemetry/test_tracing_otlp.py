@@ -3,90 +3,25 @@ front of a `loragate engine` process (`--otel-endpoint`), both exporting to a lo
 receiver (an HTTP server here decoding `ExportTraceServiceRequest` protobuf). One request is one
 trace id holding the gateway's spans and the engine's, the engine's request span the child of
 the gateway's engine call (linked by the `traceparent` header alone: two processes); the
-tenant's id is in no byte the collector receives."""
+tenant's id is in no byte the collector receives. (tests/vllm/test_tracing_on_vllm.py: the same
+over a vLLM server.)"""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from engine_processes import EngineProcess, start_engines
 from gateway_harness import gateway_settings, running_gateway
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from otlp_receiver import Receiver
 
 from gateway.telemetry.metrics import tenant_series_label
 
 GATEWAY_SPANS = {"gateway.request", "gateway.auth", "gateway.admission", "gateway.engine",
                  "gateway.settle"}  # fmt: skip
 ENGINE_SPANS = {"engine.request", "engine.queue", "engine.prefill", "engine.decode"}
-
-
-@dataclass(frozen=True)
-class Received:
-    service: str
-    name: str
-    trace_id: str
-    span_id: str
-    parent_id: str
-    attributes: dict[str, str]
-
-
-class Receiver:
-    """An OTLP/HTTP traces endpoint: every export's raw body and its spans."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-        self.spans: list[Received] = []
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["content-length"]))
-                receiver.add(self.path, self.headers.get("content-type", ""), body)
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", "0")  # an empty ExportTraceServiceResponse
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1/traces"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def add(self, path: str, content_type: str, body: bytes) -> None:
-        assert path == "/v1/traces" and content_type == "application/x-protobuf"
-        export = ExportTraceServiceRequest.FromString(body)
-        found = []
-        for resource_spans in export.resource_spans:
-            resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
-            for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    found.append(Received(
-                        service=resource["service.name"], name=span.name,
-                        trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
-                        parent_id=span.parent_span_id.hex(),
-                        attributes={a.key: str(a.value).strip() for a in span.attributes},
-                    ))  # fmt: skip
-        with self._lock:
-            self.bodies.append(body)
-            self.spans.extend(found)
-
-    def names(self) -> set[str]:
-        with self._lock:
-            return {span.name for span in self.spans}
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
 
 @pytest.fixture
