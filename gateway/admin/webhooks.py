@@ -83,13 +83,11 @@ async def rotate_secret(
 async def send_test(
     tenant_id: str,
     session: SessionDep,
-    principal: PrincipalDep,
+    ctx: AuditDep,
     runtime: RuntimeDep,
     request: Request,
 ) -> object:
-    delivery_id = await crud.send_test(
-        session, principal=principal, tenant_id=tenant_id, now=runtime.now()
-    )
+    delivery_id = await crud.send_test(session, ctx=ctx, tenant_id=tenant_id, now=runtime.now())
     gateway = getattr(request.app.state, "gateway", None)
     if gateway is not None and gateway.alerts is not None:
         gateway.alerts.worker.wake()  # else the next poll of any replica sends it

@@ -134,14 +134,19 @@ async def delete_webhook(session: AsyncSession, *, ctx: AuditContext, tenant_id:
 
 
 async def send_test(
-    session: AsyncSession, *, principal: Principal, tenant_id: str, now: dt.datetime
+    session: AsyncSession, *, ctx: AuditContext, tenant_id: str, now: dt.datetime
 ) -> str:
-    """Enqueue a `webhook.test` event (no once-guard: each call sends one)."""
-    await _load(session, principal, tenant_id)
+    """Enqueue a `webhook.test` event (no once-guard: each call sends one); audited, as it
+    makes the gateway send a request."""
+    webhook = await _load(session, ctx.principal, tenant_id)
     event_id = new_id()
     await outbox.enqueue(
         session, delivery_id=event_id, tenant_id=tenant_id, event_type=events.WEBHOOK_TEST,
         body=events.test_body(event_id, tenant_id=tenant_id, now=now), now=now,
+    )  # fmt: skip
+    record_event(
+        session, ctx=ctx, action="webhook.test", object_type=OBJECT_TYPE, object_id=webhook.id,
+        tenant_id=tenant_id, before=None, after={"delivery_id": event_id, "url": webhook.url},
     )  # fmt: skip
     await session.commit()
     return event_id

@@ -72,7 +72,13 @@ async def test_create_read_update_rotate_delete_and_audit(
     audit = (await h.call("GET", f"/audit?tenant_id={tid}")).json()
     actions = [e["action"] for e in audit if e["action"].startswith("webhook.")]
     assert sorted(actions) == sorted(
-        ["webhook.create", "webhook.update", "webhook.rotate_secret", "webhook.delete"]
+        [
+            "webhook.create",
+            "webhook.update",
+            "webhook.rotate_secret",
+            "webhook.test",
+            "webhook.delete",
+        ]
     )
     text = json.dumps(audit)
     assert secret not in text and rotated not in text and "secret_sealed" not in text

@@ -24,6 +24,11 @@ EXPECTED: dict[str, tuple[bool | None, bool]] = {
     "adapter.create": (False, True),
     "adapter.delete": (True, False),
     "price.put": (False, True),
+    "webhook.create": (False, True),
+    "webhook.update": (True, True),
+    "webhook.rotate_secret": (True, True),
+    "webhook.test": (False, True),
+    "webhook.delete": (True, False),
 }
 
 
@@ -40,7 +45,7 @@ async def test_every_mutating_route_is_audited(
             for method in ops
             if method in {"post", "put", "patch", "delete"}
         }
-        assert len(mutating) == 13
+        assert len(mutating) == 18
         called: set[tuple[str, str]] = set()
 
         async def call(method: str, template: str, path: str, **kw: object) -> dict[str, object]:
@@ -89,6 +94,17 @@ async def test_every_mutating_route_is_audited(
             "DELETE", "/tenants/{tenant_id}/adapters/{adapter_id}",
             f"/tenants/{tid}/adapters/{a['id']}",
         )  # fmt: skip
+        hook = "/tenants/{tenant_id}/webhook"
+        made = await call("POST", hook, f"/tenants/{tid}/webhook",
+                          json={"url": "https://93.184.216.34/hook"})  # fmt: skip
+        secret_registry.add(str(made["secret"]))
+        await call("PATCH", hook, f"/tenants/{tid}/webhook", json={"thresholds": [90]})
+        rotated_secret = await call(
+            "POST", hook + "/rotate-secret", f"/tenants/{tid}/webhook/rotate-secret"
+        )
+        secret_registry.add(str(rotated_secret["secret"]))
+        await call("POST", hook + "/test", f"/tenants/{tid}/webhook/test")
+        await call("DELETE", hook, f"/tenants/{tid}/webhook")
         await call("DELETE", "/tenants/{tenant_id}", f"/tenants/{tid}")
         await call(
             "PUT", "/prices", "/prices", json={"model": "tiny", "prompt": 1, "completion": 2}
@@ -104,7 +120,8 @@ async def test_every_mutating_route_is_audited(
                 assert (e["before"] is not None) == has_before, e
             assert (e["after"] is not None) == has_after, e
             assert e["actor"].startswith("key:") and e["client_addr"] == "203.0.113.7"
-            assert "key_hash" not in (e["before"] or {}) and "key_hash" not in (e["after"] or {})
+            for hidden in ("key_hash", "secret_sealed", "secret"):
+                assert hidden not in (e["before"] or {}) and hidden not in (e["after"] or {})
         update = next(e for e in mine if e["action"] == "tenant.update")
         assert update["before"]["tier"] == "standard" and update["after"]["tier"] == "batch"
         second_put = [e for e in mine if e["action"] == "quota.put"]
