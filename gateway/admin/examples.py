@@ -29,6 +29,7 @@ KEY_CREATED = {**KEY, "key": "lg_EXAMPLEexampleEXAMPLEexampleEXAMPLEexample0Zq7k
 LIMITS = {
     "requests_per_minute": 600, "tokens_per_minute": 200000, "max_concurrent": 16,
     "daily_token_budget": 5000000, "monthly_token_budget": None,
+    "daily_spend_budget_micros": 25000000, "monthly_spend_budget_micros": None,
 }  # fmt: skip
 POLICY = {**LIMITS, "tenant_id": TENANT_ID, "api_key_id": None}
 ADAPTER = {
@@ -67,8 +68,30 @@ QUOTA_STATE_EXAMPLE = {
          "resets_in_s": 52200.0, "resets_at": "2025-01-16T00:00:00Z"},
         {"name": "monthly_token_budget", "limit": None, "used": 9120400, "remaining": None,
          "resets_in_s": 1434600.0, "resets_at": "2025-02-01T00:00:00Z"},
+        {"name": "daily_spend_budget_micros", "limit": 25000000, "used": 3120450,
+         "remaining": 21879550, "resets_in_s": 52200.0, "resets_at": "2025-01-16T00:00:00Z"},
+        {"name": "monthly_spend_budget_micros", "limit": None, "used": 40210775,
+         "remaining": None, "resets_in_s": 1434600.0, "resets_at": "2025-02-01T00:00:00Z"},
     ],
     "rejections_last_hour": {"rate_limit_exceeded": 4, "model_not_found": 1},
+}  # fmt: skip
+
+PRICE = {
+    "model": "tiny", "adapter_id": None, "currency": "USD", "prompt": "0.150000",
+    "cached": "0.075000", "completion": "0.600000", "prompt_micros_per_mtok": 150000,
+    "cached_micros_per_mtok": 75000, "completion_micros_per_mtok": 600000, "source": "database",
+    "updated_at": WHEN,
+}  # fmt: skip
+SPEND_TOKENS = {"num_requests": 150, "prompt_tokens": 57000, "cached_tokens": 9000,
+                "completion_tokens": 16000}  # fmt: skip
+SPEND = {
+    "tenant_id": TENANT_ID, "currency": "USD", "since": "2025-01-01", "until": None,
+    "total": {**SPEND_TOKENS, "tenant_id": TENANT_ID, "api_key_id": None, "model": None,
+              "adapter_id": None, "cost_micros": 17475, "cost": "0.017475"},
+    "by_key": [{**SPEND_TOKENS, "tenant_id": None, "api_key_id": KEY_ID, "model": None,
+                "adapter_id": None, "cost_micros": 17475, "cost": "0.017475"}],
+    "by_model": [{**SPEND_TOKENS, "tenant_id": None, "api_key_id": None, "model": "tiny",
+                  "adapter_id": None, "cost_micros": 17475, "cost": "0.017475"}],
 }  # fmt: skip
 
 T = "/admin/v1/tenants/{tenant_id}"
@@ -114,4 +137,12 @@ ADMIN_EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
     ("delete", T + "/adapters/{adapter_id}"): {},
     ("get", T + "/usage"): {"response": USAGE},
     ("get", "/admin/v1/audit"): {"response": AUDIT},
+    ("get", "/admin/v1/prices"): {"response": [PRICE]},
+    ("put", "/admin/v1/prices"): {
+        "request": {"model": "tiny", "adapter_id": None, "prompt": "0.15", "cached": "0.075",
+                    "completion": "0.60"},
+        "response": PRICE,
+    },
+    ("get", "/admin/v1/spend"): {"response": [SPEND["total"]]},
+    ("get", T + "/spend"): {"response": SPEND},
 }  # fmt: skip
