@@ -106,6 +106,7 @@ def test_spend_is_the_ledgers_tokens_times_the_prices(
 
     ledger = _ledger_by_model(gw, tenant.tenant_id, 8)
     assert {m: t["num_requests"] for m, t in ledger.items()} == {MODEL: 4, "spend-lora": 4}
+    assert ledger[MODEL]["cached_tokens"] > 0  # the cached price is part of what is checked
     expected = {m: _exact_cost(prices[m], tokens) for m, tokens in ledger.items()}
     report = gw.admin("GET", f"/tenants/{tenant.tenant_id}/spend").json()
     for row in report["by_model"]:
