@@ -7,7 +7,8 @@ allowed, the checked address is the one connected to, no redirects) and POSTs it
 the delivery; anything else is logged as an attempt and retried after
 `backoff_s * 2**(attempt-1)` seconds (at most `backoff_max_s`), up to `max_attempts`, after
 which the delivery is `failed`. A round runs when `wake()` is called (an alert was just
-enqueued) and every `poll_interval_s` (retries, and deliveries another replica left behind).
+enqueued) and every `poll_interval_s` (retries, and deliveries another replica left behind);
+once an hour it also prunes the log past `retention_days`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tenancy.alerts.targets import TargetRefused, resolve
 log = logging.getLogger(__name__)
 
 BATCH = 32
+PRUNE_EVERY = dt.timedelta(hours=1)
 USER_AGENT = "loragate-webhooks/1"
 
 
@@ -58,6 +60,7 @@ class DeliveryWorker:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._pruned_at: dt.datetime | None = None
         self.num_sent = 0
 
     def wake(self) -> None:
@@ -74,8 +77,18 @@ class DeliveryWorker:
             self._wake.clear()
             try:
                 await self.run_once()
+                await self.prune_if_due()
             except Exception as exc:  # the database is down: the next round retries
                 log.warning("alert delivery round failed (%s); retrying", type(exc).__name__)
+
+    async def prune_if_due(self) -> bool:
+        now = self._now()
+        if self._pruned_at is not None and now - self._pruned_at < PRUNE_EVERY:
+            return False
+        keep = dt.timedelta(days=self._settings.retention_days)
+        await outbox.prune(self._sessionmaker, now=now, keep=keep)
+        self._pruned_at = now
+        return True
 
     async def run_once(self) -> int:
         """Attempt every delivery due now, concurrently; returns how many were attempted."""

@@ -211,3 +211,26 @@ async def record(
             await session.commit()
         except IntegrityError:  # another worker logged this attempt (our claim had lapsed)
             await session.rollback()
+
+
+# A firing's period (a UTC day or month) has surely ended this long after the firing.
+FIRING_KEEP = dt.timedelta(days=40)
+
+
+async def prune(
+    sessionmaker: async_sessionmaker[AsyncSession], *, now: dt.datetime, keep: dt.timedelta
+) -> None:
+    """Forget finished deliveries (and their attempts, by cascade) older than `keep`, and
+    budget once-guards whose period is over; pending deliveries and open outages stay."""
+    async with sessionmaker() as session:
+        await session.execute(
+            delete(AlertDelivery).where(
+                AlertDelivery.status != PENDING, AlertDelivery.created_at < now - keep
+            )
+        )
+        await session.execute(
+            delete(AlertFiring).where(
+                AlertFiring.period != OUTAGE_PERIOD, AlertFiring.created_at < now - FIRING_KEEP
+            )
+        )
+        await session.commit()

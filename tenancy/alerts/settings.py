@@ -19,6 +19,8 @@ class AlertSettings(BaseModel):
     poll_interval_s: float = Field(default=2.0, gt=0)
     # How long one replica holds a delivery it is sending before another may take it over.
     claim_s: float = Field(default=60.0, gt=0)
+    # The delivery log keeps finished deliveries this long (pruned hourly by each replica).
+    retention_days: float = Field(default=30.0, gt=0)
     # An outage alert is sent once per outage; a replica sends no second one for the same
     # service within this many seconds however often the service flaps.
     outage_min_interval_s: float = Field(default=300.0, ge=0)
