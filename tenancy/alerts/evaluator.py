@@ -87,7 +87,8 @@ class BudgetAlerts:
     def _note(self, tenant_id: str, subject: QuotaSubject) -> _Noted:
         noted = self._pending.get(subject.key)
         if noted is None or noted.subject != subject:  # a policy change: the newest limits
-            noted = self._pending[subject.key] = _Noted(tenant_id, subject, set())
+            refused = noted.refused if noted is not None else set()
+            noted = self._pending[subject.key] = _Noted(tenant_id, subject, refused)
         self._wake.set()
         return noted
 
