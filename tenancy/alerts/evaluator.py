@@ -40,6 +40,7 @@ from tenancy.quota.store import QuotaStore, QuotaSubject, periods
 log = logging.getLogger(__name__)
 
 MAX_REMEMBERED = 65536
+FAILED_ROUND_PAUSE_S = 1.0
 
 
 @dataclass
@@ -104,6 +105,8 @@ class BudgetAlerts:
                 await self.run_once()
             except Exception as exc:  # the next settlement of the subject evaluates it again
                 log.warning("budget alert round failed (%s)", type(exc).__name__)
+                # The database or the store is down: one warning a second, not one a request.
+                await asyncio.sleep(FAILED_ROUND_PAUSE_S)
 
     async def run_once(self) -> int:
         """Evaluate every subject noted so far; returns the number of alerts fired."""
