@@ -94,8 +94,34 @@ SPEND = {
                   "adapter_id": None, "cost_micros": 17475, "cost": "0.017475"}],
 }  # fmt: skip
 
+WEBHOOK_ID = "7e6d5c4b-3a29-4187-9f6e-5d4c3b2a1908"
+EVENT_ID = "2c3d4e5f-6a7b-4c8d-9e0f-1a2b3c4d5e6f"
+WEBHOOK = {
+    "id": WEBHOOK_ID, "tenant_id": TENANT_ID, "url": "https://hooks.example.com/loragate",
+    "thresholds": [50, 80, 100], "events": ["budget.threshold", "outage.quota_store"],
+    "enabled": True, "created_at": WHEN, "updated_at": WHEN,
+}  # fmt: skip
+# The shape of a signing secret, not one.
+WEBHOOK_CREATED = {**WEBHOOK, "secret": "whsec_EXAMPLEexampleEXAMPLEexampleEXAMPLEexample0"}
+DELIVERY = {
+    "id": EVENT_ID, "event_type": "budget.threshold", "status": "delivered", "num_attempts": 2,
+    "last_status_code": 200, "created_at": WHEN, "delivered_at": "2025-01-15T09:30:10Z",
+    "next_attempt_at": None,
+    "payload": {"id": EVENT_ID, "type": "budget.threshold", "created_at": WHEN,
+                "tenant_id": TENANT_ID, "subject": f"t:{TENANT_ID}", "api_key_id": None,
+                "budget": "daily_token_budget", "unit": "tokens", "period": "2025-01-15",
+                "threshold": 80, "used": 4000120, "limit": 5000000, "exhausted": False},
+    "attempts": [
+        {"attempt": 1, "status_code": 500, "error": "HTTP 500", "started_at": WHEN,
+         "finished_at": "2025-01-15T09:30:00.120000Z"},
+        {"attempt": 2, "status_code": 200, "error": None, "started_at": "2025-01-15T09:30:10Z",
+         "finished_at": "2025-01-15T09:30:10.080000Z"},
+    ],
+}  # fmt: skip
+
 T = "/admin/v1/tenants/{tenant_id}"
 K = T + "/keys/{key_id}"
+W = T + "/webhook"
 
 # (method, path) -> {"request": body example (JSON routes only), "response": answer example}
 ADMIN_EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
@@ -145,4 +171,16 @@ ADMIN_EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("get", "/admin/v1/spend"): {"response": [SPEND["total"]]},
     ("get", T + "/spend"): {"response": SPEND},
+    ("post", W): {
+        "request": {"url": "https://hooks.example.com/loragate", "thresholds": [50, 80, 100],
+                    "events": ["budget.threshold", "outage.quota_store"], "enabled": True},
+        "response": WEBHOOK_CREATED,
+    },
+    ("get", W): {"response": WEBHOOK},
+    ("patch", W): {"request": {"thresholds": [80, 100]},
+                   "response": {**WEBHOOK, "thresholds": [80, 100]}},
+    ("delete", W): {},
+    ("post", W + "/rotate-secret"): {"response": WEBHOOK_CREATED},
+    ("post", W + "/test"): {"response": {"delivery_id": EVENT_ID}},
+    ("get", W + "/deliveries"): {"response": [DELIVERY]},
 }  # fmt: skip
