@@ -18,7 +18,6 @@ written in one transaction. A database outage keeps them pending and retries; pa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import time
@@ -35,6 +34,7 @@ from tenancy.crud.usage import UsageIn, record_usage_batch
 from tenancy.errors import ClientError, QuotaStoreUnavailable
 from tenancy.ids import RequestId
 from tenancy.quota.store import BUDGETS, QuotaExceeded, QuotaStore
+from tenancy.rounds import RoundLoop
 
 if TYPE_CHECKING:
     from gateway.lifecycle.run import Run
@@ -170,14 +170,13 @@ class UsageWriter:
         max_pending: int,
     ) -> None:
         self._sessionmaker = sessionmaker
-        self._flush_interval_s = flush_interval_s
         self._batch_size = batch_size
         self._max_pending = max_pending
         self._pending: deque[UsageIn] = deque()
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
-        self._closing = False
+        self._rounds = RoundLoop(
+            self.flush, name="usage-writer", on_failure=_write_failed, interval_s=flush_interval_s
+        )
         self.num_written = 0
         self.num_dropped = 0
 
@@ -192,21 +191,10 @@ class UsageWriter:
             log.error("usage ledger backlog full; dropped the oldest record")
         self._pending.append(record)
         if len(self._pending) >= self._batch_size:
-            self._wake.set()
+            self._rounds.wake()
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="usage-writer")
-
-    async def _run(self) -> None:
-        while not self._closing:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._flush_interval_s)
-            self._wake.clear()
-            try:
-                await self.flush()
-            except Exception as exc:  # the records stay pending; the next round retries
-                log.warning("usage ledger write failed (%s); retrying", type(exc).__name__)
+        self._rounds.start()
 
     async def flush(self) -> None:
         """Write every pending record (in batches); raises if the database fails."""
@@ -223,12 +211,7 @@ class UsageWriter:
 
     async def close(self) -> None:
         # Let a write in progress finish (cancelling it mid-transaction would lose the batch).
-        self._closing = True
-        self._wake.set()
-        if self._task is not None:
-            with contextlib.suppress(Exception):
-                await self._task
-            self._task = None
+        await self._rounds.close()
         try:
             await self.flush()
         except (OperationalError, DBAPIError, OSError) as exc:
@@ -237,3 +220,8 @@ class UsageWriter:
                 len(self._pending),
                 type(exc).__name__,
             )
+
+
+def _write_failed(exc: Exception) -> None:
+    # The records stay pending; the next round retries.
+    log.warning("usage ledger write failed (%s); retrying", type(exc).__name__)

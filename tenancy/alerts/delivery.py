@@ -14,7 +14,6 @@ once an hour it also prunes the log past `retention_days`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import time
@@ -28,6 +27,7 @@ from tenancy.alerts.outbox import Claimed, Outcome
 from tenancy.alerts.secret_box import SecretBox
 from tenancy.alerts.settings import AlertSettings
 from tenancy.alerts.targets import TargetRefused, resolve
+from tenancy.rounds import RoundLoop
 
 log = logging.getLogger(__name__)
 
@@ -57,29 +57,24 @@ class DeliveryWorker:
         self._http = httpx.AsyncClient(
             timeout=settings.timeout_s, follow_redirects=False, trust_env=False
         )
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
+        self._rounds = RoundLoop(
+            self._round,
+            name="alert-delivery",
+            on_failure=_round_failed,
+            interval_s=settings.poll_interval_s,
+        )
         self._pruned_at: dt.datetime | None = None
         self.num_sent = 0
 
     def wake(self) -> None:
-        self._wake.set()
+        self._rounds.wake()
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="alert-delivery")
+        self._rounds.start()
 
-    async def _run(self) -> None:
-        while not self._closing:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._settings.poll_interval_s)
-            self._wake.clear()
-            try:
-                await self.run_once()
-                await self.prune_if_due()
-            except Exception as exc:  # the database is down: the next round retries
-                log.warning("alert delivery round failed (%s); retrying", type(exc).__name__)
+    async def _round(self) -> None:
+        await self.run_once()
+        await self.prune_if_due()
 
     async def prune_if_due(self) -> bool:
         now = self._now()
@@ -160,10 +155,10 @@ class DeliveryWorker:
         return response.status_code, f"HTTP {response.status_code}"
 
     async def close(self) -> None:
-        self._closing = True
-        self._wake.set()
-        if self._task is not None:
-            with contextlib.suppress(Exception):
-                await self._task
-            self._task = None
+        await self._rounds.close()
         await self._http.aclose()
+
+
+def _round_failed(exc: Exception) -> None:
+    # The database is down: the next round retries.
+    log.warning("alert delivery round failed (%s); retrying", type(exc).__name__)

@@ -18,8 +18,6 @@ the subject evaluates it again, and the guard keeps it to one alert.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime as dt
 import logging
 import time
@@ -36,6 +34,7 @@ from tenancy.alerts.directory import WebhookDirectory
 from tenancy.errors import ServiceUnavailable
 from tenancy.ids import new_id
 from tenancy.quota.store import QuotaStore, QuotaSubject, periods
+from tenancy.rounds import RoundLoop
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +70,14 @@ class BudgetAlerts:
         self._clock = clock
         self._pending: dict[str, _Noted] = {}  # by subject key
         self._fired: OrderedDict[outbox.Firing, None] = OrderedDict()
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
+        # A failed round pauses: the database or the store is down, and one warning a second
+        # beats one a request (the next settlement of each subject evaluates it again).
+        self._rounds = RoundLoop(
+            self.run_once,
+            name="budget-alerts",
+            on_failure=_round_failed,
+            pause_after_failure_s=FAILED_ROUND_PAUSE_S,
+        )
         self.num_fired = 0
 
     def settled(self, tenant_id: str, subjects: Sequence[QuotaSubject]) -> None:
@@ -90,23 +94,11 @@ class BudgetAlerts:
         if noted is None or noted.subject != subject:  # a policy change: the newest limits
             refused = noted.refused if noted is not None else set()
             noted = self._pending[subject.key] = _Noted(tenant_id, subject, refused)
-        self._wake.set()
+        self._rounds.wake()
         return noted
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="budget-alerts")
-
-    async def _run(self) -> None:
-        while not self._closing:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self.run_once()
-            except Exception as exc:  # the next settlement of the subject evaluates it again
-                log.warning("budget alert round failed (%s)", type(exc).__name__)
-                # The database or the store is down: one warning a second, not one a request.
-                await asyncio.sleep(FAILED_ROUND_PAUSE_S)
+        self._rounds.start()
 
     async def run_once(self) -> int:
         """Evaluate every subject noted so far; returns the number of alerts fired."""
@@ -159,9 +151,8 @@ class BudgetAlerts:
             self._fired.popitem(last=False)
 
     async def close(self) -> None:
-        self._closing = True
-        self._wake.set()
-        if self._task is not None:
-            with contextlib.suppress(Exception):
-                await self._task
-            self._task = None
+        await self._rounds.close()
+
+
+def _round_failed(exc: Exception) -> None:
+    log.warning("budget alert round failed (%s)", type(exc).__name__)

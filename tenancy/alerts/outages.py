@@ -11,8 +11,6 @@ next outage alerts again. A replica sends no second alert for a service within
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime as dt
 import logging
 import time
@@ -24,6 +22,7 @@ from tenancy.alerts import events, outbox
 from tenancy.alerts.delivery import DeliveryWorker
 from tenancy.alerts.directory import WebhookDirectory
 from tenancy.ids import new_id
+from tenancy.rounds import RoundLoop
 
 log = logging.getLogger(__name__)
 
@@ -48,33 +47,21 @@ class OutageAlerts:
         self._is_down: dict[str, bool] = dict.fromkeys(SERVICES, False)
         self._acted: dict[str, bool] = dict.fromkeys(SERVICES, False)  # what the task last did
         self._last_alert: dict[str, float] = {}
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
+        self._rounds = RoundLoop(self.run_once, name="outage-alerts", on_failure=_round_failed)
         self.num_fired = 0
 
     def down(self, service: str) -> None:
         if not self._is_down[service]:
             self._is_down[service] = True
-            self._wake.set()
+            self._rounds.wake()
 
     def up(self, service: str) -> None:
         if self._is_down[service]:
             self._is_down[service] = False
-            self._wake.set()
+            self._rounds.wake()
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="outage-alerts")
-
-    async def _run(self) -> None:
-        while not self._closing:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self.run_once()
-            except Exception as exc:  # the database is down too: try again at the next flip
-                log.warning("outage alert round failed (%s)", type(exc).__name__)
+        self._rounds.start()
 
     async def run_once(self) -> int:
         fired = 0
@@ -113,9 +100,9 @@ class OutageAlerts:
         return fired
 
     async def close(self) -> None:
-        self._closing = True
-        self._wake.set()
-        if self._task is not None:
-            with contextlib.suppress(Exception):
-                await self._task
-            self._task = None
+        await self._rounds.close()
+
+
+def _round_failed(exc: Exception) -> None:
+    # The database is down too: try again at the next flip.
+    log.warning("outage alert round failed (%s)", type(exc).__name__)
