@@ -43,29 +43,33 @@ def month_period(month: str) -> str:
 def token_readings(
     subject: str, limits: QuotaLimits, usage: QuotaUsage, day: str, month: str
 ) -> list[BudgetReading]:
-    out = []
-    for limit, used, period in (
-        (Limit.DAILY, usage.day_tokens, day_period(day)),
-        (Limit.MONTHLY, usage.month_tokens, month_period(month)),
-    ):
-        cap = limits.get(limit)
-        if cap is not None and cap > 0:
-            out.append(BudgetReading(subject, limit.value, "tokens", period, used, cap))
-    return out
+    return _readings(
+        subject, limits, "tokens",
+        ((Limit.DAILY, usage.day_tokens, day_period(day)),
+         (Limit.MONTHLY, usage.month_tokens, month_period(month))),
+    )  # fmt: skip
 
 
 def spend_readings(
     subject: str, limits: QuotaLimits, usage: QuotaUsage, day: str, month: str
 ) -> list[BudgetReading]:
     """Currency budgets, in micro-units of `LORAGATE_CURRENCY` (tenancy/spend/money.py)."""
+    return _readings(
+        subject, limits, "micros",
+        ((Limit.DAILY_SPEND, usage.day_spend_micros, day_period(day)),
+         (Limit.MONTHLY_SPEND, usage.month_spend_micros, month_period(month))),
+    )  # fmt: skip
+
+
+def _readings(
+    subject: str, limits: QuotaLimits, unit: str, budgets: tuple[tuple[Limit, int, str], ...]
+) -> list[BudgetReading]:
+    """A reading for each budget the policy sets (a cap of 0 or none is no budget to alert on)."""
     out = []
-    for limit, used, period in (
-        (Limit.DAILY_SPEND, usage.day_spend_micros, day_period(day)),
-        (Limit.MONTHLY_SPEND, usage.month_spend_micros, month_period(month)),
-    ):
+    for limit, used, period in budgets:
         cap = limits.get(limit)
         if cap is not None and cap > 0:
-            out.append(BudgetReading(subject, limit.value, "micros", period, used, cap))
+            out.append(BudgetReading(subject, limit.value, unit, period, used, cap))
     return out
 
 
