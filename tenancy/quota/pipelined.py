@@ -49,8 +49,8 @@ from tenancy.redis_client import RECONNECT_BACKOFF_S, RECONNECT_RETRIES
 Reply = int | bytes | list["Reply"] | None
 
 
-def pack(args: tuple[bytes | str | int, ...]) -> bytes:
-    """A command in RESP: an array of bulk strings."""
+def pack(args: tuple[bytes | str | int | float, ...]) -> bytes:
+    """A command in RESP: an array of bulk strings (numbers as their text)."""
     parts = [b"*%d\r\n" % len(args)]
     for arg in args:
         data = arg if isinstance(arg, bytes) else str(arg).encode()
@@ -237,7 +237,7 @@ class PipelinedRedis:
         for future in hello:
             await future
 
-    async def execute(self, *args: bytes | str | int) -> Reply:
+    async def execute(self, *args: bytes | str | int | float) -> Reply:
         payload = pack(args)
         for attempt in range(RECONNECT_RETRIES + 1):
             try:
@@ -252,7 +252,7 @@ class PipelinedRedis:
         raise AssertionError("unreachable")
 
     async def evalsha(self, sha: str, numkeys: int, *keys_and_args: str | int | float) -> Reply:
-        return await self.execute("EVALSHA", sha, numkeys, *(str(a) for a in keys_and_args))
+        return await self.execute("EVALSHA", sha, numkeys, *keys_and_args)  # pack() writes numbers
 
     async def script_load(self, source: str) -> str:
         reply = await self.execute("SCRIPT", "LOAD", source)
