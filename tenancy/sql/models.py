@@ -18,6 +18,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -124,8 +125,11 @@ class QuotaPolicy(Base):
 
 
 class Adapter(Base):
+    """One immutable version of an adapter. Its id is what engines load it under and what the
+    prefix cache keys it by; ids are never reused, so no two versions ever share cached blocks."""
+
     __tablename__ = "adapters"
-    __table_args__ = (UniqueConstraint("owner_tenant_id", "name"),)
+    __table_args__ = (UniqueConstraint("owner_tenant_id", "name", "version"),)
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     # NULL owner: a public adapter, visible to every tenant.
@@ -133,15 +137,53 @@ class Adapter(Base):
         String(36), ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True, index=True
     )
     name: Mapped[str] = mapped_column(String(64))
+    # 1, 2, ... per (owner, name): each upload of a name adds the next one.
+    version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     base_model: Mapped[str] = mapped_column(String(256))
     rank: Mapped[int] = mapped_column(Integer)
     alpha: Mapped[float] = mapped_column(Float)
     target_modules: Mapped[list[str]] = mapped_column(JSON)
     sha256: Mapped[str] = mapped_column(String(64))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
-    storage_path: Mapped[str] = mapped_column(String(1024))
+    # Where the directory store keeps its files; NULL when the bytes live in adapter_blobs.
+    storage_path: Mapped[str | None] = mapped_column(String(1024), nullable=True)
     status: Mapped[str] = mapped_column(String(16), default="ready")
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class AdapterBlob(Base):
+    """An adapter's files, content-addressed: stored once whichever versions share them. `data`
+    is NULL when the directory store holds the bytes (the row still records that they exist)."""
+
+    __tablename__ = "adapter_blobs"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class AdapterAlias(Base):
+    """The name requests use: points at one version, or splits traffic between two (a canary
+    gets `canary_weight` percent). Switching is one row update, so it is atomic."""
+
+    __tablename__ = "adapter_aliases"
+    __table_args__ = (UniqueConstraint("owner_tenant_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    owner_tenant_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("tenants.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    name: Mapped[str] = mapped_column(String(64))
+    # RESTRICT: a version an alias points at cannot be deleted (the API says so first).
+    version_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("adapters.id", ondelete="RESTRICT")
+    )
+    canary_version_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("adapters.id", ondelete="RESTRICT"), nullable=True
+    )
+    canary_weight: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class UsageRecord(Base):
@@ -156,6 +198,7 @@ class UsageRecord(Base):
     api_key_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     model: Mapped[str] = mapped_column(String(256))
     adapter_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    adapter_version: Mapped[int | None] = mapped_column(Integer, nullable=True)  # as served
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     completion_tokens: Mapped[int] = mapped_column(Integer)
     cached_tokens: Mapped[int] = mapped_column(Integer, default=0)

@@ -15,7 +15,7 @@ from tenancy.sql.session import make_engine
 TABLES = {
     "tenants", "api_keys", "quota_policies", "adapters", "usage_records", "audit_events",
     "dashboard_logouts", "prices", "alert_webhooks", "alert_firings", "alert_deliveries",
-    "alert_delivery_attempts",
+    "alert_delivery_attempts", "adapter_blobs", "adapter_aliases",
 }  # fmt: skip
 
 
