@@ -7,7 +7,9 @@ request makes two (admission and settlement): a fifth of a gateway request's CPU
 Redis answers one connection's commands in order, so a single connection can carry them all:
 each call writes its command and waits on a future, and the reader resolves the futures in order
 as replies arrive (the design of aioredis 1.x and of hiredis's async clients). Concurrent callers
-never wait for a connection, and one `write` per command is the only system call on the way out.
+never wait for a connection. Commands issued in the same turn of the event loop leave in one
+`write` at the end of that turn: under load several requests' admissions and settlements share
+a system call (at one request in flight the turn ends at once, so nothing waits).
 
 Failures, the same as `make_redis`'s client promises (tenancy/redis_client.py):
 - A connection that breaks fails every command in flight with `ConnectionError`; the next call
@@ -113,6 +115,7 @@ class _Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._transport: asyncio.Transport | None = None
         self._watchdog: asyncio.TimerHandle | None = None
+        self._outgoing: list[bytes] = []  # commands of this loop turn, written by _flush
         self.is_closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -125,10 +128,17 @@ class _Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Reply] = loop.create_future()
         self._waiting.append((time.monotonic(), future))
-        self._transport.write(payload)
+        if not self._outgoing:
+            loop.call_soon(self._flush)
+        self._outgoing.append(payload)
         if self._watchdog is None:
             self._watchdog = loop.call_later(self._timeout_s, self._check_oldest)
         return future
+
+    def _flush(self) -> None:
+        outgoing, self._outgoing = self._outgoing, []
+        if not self.is_closed and self._transport is not None:  # closed: their futures failed
+            self._transport.write(outgoing[0] if len(outgoing) == 1 else b"".join(outgoing))
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data

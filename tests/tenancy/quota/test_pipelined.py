@@ -61,6 +61,40 @@ async def test_concurrent_and_cancelled_callers_get_their_own_replies(
 
 
 @pytest.mark.redis
+async def test_commands_of_one_loop_turn_leave_in_one_write(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Under load, several requests' commands share a system call; each still gets its reply."""
+    client = PipelinedRedis(redis_url)
+    await client.ping()  # connected
+    connection = client._connection
+    assert connection is not None and connection._transport is not None
+    transport = connection._transport
+    writes: list[bytes] = []
+    real_write = transport.write
+
+    def counting_write(data: bytes) -> None:
+        writes.append(bytes(data))
+        real_write(data)
+
+    connection._transport = type("Counting", (), {"write": staticmethod(counting_write),
+                                                  "close": transport.close})()  # fmt: skip
+    keys = [f"{redis_prefix}turn{i}" for i in range(20)]
+    await asyncio.gather(*(client.set(k, str(i)) for i, k in enumerate(keys)))
+    assert len(writes) == 1 and writes[0].count(b"SET") == 20
+    writes.clear()
+    assert await asyncio.gather(*(client.get(k) for k in keys)) == [
+        str(i).encode() for i in range(20)
+    ]
+    assert len(writes) == 1
+    writes.clear()
+    assert await client.get(keys[3]) == b"3"  # alone: its own write, at once
+    assert len(writes) == 1
+    connection._transport = transport
+    await client.aclose()
+
+
+@pytest.mark.redis
 def test_the_gateway_s_event_loop_uvloop(redis_url: str, redis_prefix: str) -> None:
     """`loragate serve` runs on uvloop, whose transports are not asyncio's classes."""
 
