@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -43,6 +45,15 @@ from gateway.text.tokenizer import Tokenizer
 from tenancy.alerts.service import AlertService
 from tenancy.runtime import build_runtime
 from tenancy.sql.migrate import check_schema, upgrade
+
+# FastAPI 0.16x instruments every request itself once a global OpenTelemetry provider exists, and
+# asks on each request whether one does (about 4 us). The gateway traces through a provider of its
+# own (gateway/telemetry/tracing.py): the framework's spans and metrics would double them.
+NO_FRAMEWORK_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}  # older FastAPI: no such instrumentation
+)
 
 
 def _ensure_sqlite_dir(url: str) -> None:
@@ -226,6 +237,7 @@ def create_app(
         # A redirect to the path without its slash was built from the Host header: a client
         # could point it anywhere. Such paths are a 404 instead.
         redirect_slashes=False,
+        **NO_FRAMEWORK_TELEMETRY,
     )
     install_error_handlers(app)
     # The inference routes, called from just inside the edge (gateway/routes/direct.py); the
