@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from engine.settings import EngineSettings
+from gateway.engines.routing.affinity import MAX_ENTRIES
+from gateway.engines.routing.policy import LOAD_FACTOR, RoutingPolicy
 from tenancy.adapters.base_model import base_model_spec
 from tenancy.settings import TenancySettings, strong_secret
 
@@ -44,13 +46,19 @@ class GatewaySettings(TenancySettings):
     # engine request names its tier's InferenceObjective, `<prefix><tier>`.
     engine_objective_prefix: str | None = Field(default=None, pattern=r"^[a-z0-9][-a-z0-9.]*$")
     # The in-process engine's options: the same as `loragate engine`'s flags (engine/settings.py),
-    # as LORAGATE_ENGINE__MAX_LORAS, ... In HTTP mode only `max_model_len` is read (a cap on
-    # the context the gateway plans for).
+    # as LORAGATE_ENGINE__MAX_LORAS, ... In HTTP mode only `max_model_len` (a cap on the
+    # context the gateway plans for) and `block_size` (routing's prefix keys) are read.
     engine: EngineSettings = Field(default_factory=EngineSettings)
     engine_drain_timeout_s: float = Field(default=30.0, ge=0)
     # How long an engine has to end a request it was asked to abort (the client left, a stop
     # string, shutdown) before the gateway stops listening; the ledger counts what arrived.
     engine_abort_timeout_s: float = Field(default=5.0, gt=0)
+    # Which replica an engine request goes to (HTTP mode; gateway/engines/routing/): where the
+    # tenant's prefix was last served and its adapter is resident, within load_factor x the
+    # mean load; or today's adapter residency, then fewest outstanding requests.
+    engine_routing: RoutingPolicy = "cache_aware"
+    engine_routing_load_factor: float = Field(default=LOAD_FACTOR, ge=1.0)
+    engine_routing_max_prefixes: int = Field(default=MAX_ENTRIES, ge=1)
 
     # ---- requests ----------------------------------------------------------------------------
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)

@@ -1,3 +1,3 @@
 """Engine clients: the protocol the gateway relies on (`api`), the in-process engine
 (`inprocess`, the embedded default) and HTTP replicas (`http`, over `http_wire`, routed by
-`replicas`). `build` picks one from the settings."""
+`routing/` and `replicas`). `build` picks one from the settings."""

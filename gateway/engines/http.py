@@ -1,7 +1,8 @@
 """The HTTP engine client: a pooled, streaming client over a list of engine replicas (loragate's
 engine servers, or vLLM servers in tokens-only mode).
 
-Every request streams from the engine. A request goes to the best replica (see replicas.py);
+Every request streams from the engine. A request goes to the best replica (see routing/:
+cache-aware by default, or least loaded, LORAGATE_ENGINE_ROUTING);
 if that replica cannot be reached, refuses with 5xx, or fails before the first event, the next
 one is tried. After the first event there is no retry: a failure ends the stream with an
 `EngineStreamError`. `abort()` sends `/abort_requests` and keeps reading to the engine's last
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+from prometheus_client import CollectorRegistry
 
 from engine.protocol import GenerateRequest, GenerateResponse, StructuredSpec, check_structured
 from gateway.engines import vllm_dialect
@@ -29,10 +31,12 @@ from gateway.engines.api import EngineStreamError
 from gateway.engines.http_stream import HttpStream, ReadEvent, next_event
 from gateway.engines.http_wire import Pool, Response, WireError
 from gateway.engines.objectives import objective_header, objectives
-from gateway.engines.replicas import SPILL_AFTER, Replica, adapter_tiers, engine_device, route
+from gateway.engines.replicas import Replica, adapter_tiers, engine_device
+from gateway.engines.routing.router import Router
 from gateway.errors import EngineFailed, EngineOverloaded, ModelNotFound
 from gateway.policy import AdapterRef
 from gateway.settings import GatewaySettings
+from gateway.telemetry.routing import RoutingCollector
 from tenancy.errors import BadRequest, ClientError
 
 log = logging.getLogger(__name__)
@@ -85,11 +89,11 @@ class HttpEngineClient:
         connect_timeout_s: float = 5.0,
         poll_interval_s: float = 2.0,
         max_connections: int = 256,
-        spill_after: int = SPILL_AFTER,
+        router: Router | None = None,
         objective: Callable[[int], str | None] | None = None,
     ) -> None:
         self.model_name = model_name
-        self._spill_after = spill_after
+        self.router = router or Router()
         self._objective = objective  # engine priority -> InferenceObjective name
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -134,6 +138,12 @@ class HttpEngineClient:
             connect_timeout_s=settings.engine_connect_timeout_s,
             poll_interval_s=settings.engine_poll_interval_s,
             max_connections=settings.engine_max_connections,
+            router=Router(
+                settings.engine_routing,
+                block_size=settings.engine.block_size,
+                load_factor=settings.engine_routing_load_factor,
+                max_prefixes=settings.engine_routing_max_prefixes,
+            ),
             objective=objectives(settings),
         )
 
@@ -162,6 +172,10 @@ class HttpEngineClient:
 
     async def check_ready(self) -> dict[str, bool]:
         return {replica.name: replica.healthy for replica in self.replicas}
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        """Per replica: requests routed there and why, expected and reported cache hits."""
+        registry.register(RoutingCollector(self.replicas))
 
     # ---- replica state -------------------------------------------------------------------------
 
@@ -259,11 +273,15 @@ class HttpEngineClient:
         if traceparent is not None:  # ours (gateway/telemetry/tracing.py), never a client's
             headers += b"traceparent: " + traceparent.encode("ascii") + b"\r\n"
         error: ClientError = EngineFailed("No engine replica is available.", status_code=502)
-        for replica in route(self.replicas, request.model, spill_after=self._spill_after):
+        plan = self.router.plan(self.replicas, request)
+        for replica in plan.route.order:
             try:
-                return await self._try(replica, request, body, headers, adapter)
+                stream = await self._try(replica, request, body, headers, adapter)
             except _TryNext as failed:
                 error = failed.error
+                continue
+            self.router.served(plan, replica)
+            return stream
         raise error
 
     async def _try(

@@ -51,6 +51,7 @@ class HttpStream:
     async def _events(self) -> AsyncIterator[GenerateResponse]:
         if self._first is not None:
             first, self._first = self._first, None
+            self._observe(first)
             yield first
         while True:
             try:
@@ -64,7 +65,13 @@ class HttpStream:
                 self._done = True
                 await self._drain()
                 return
+            self._observe(event)
             yield event
+
+    def _observe(self, event: GenerateResponse) -> None:
+        # The engine's word on its prefix cache, beside what routing expected (routing/router.py)
+        if event.usage is not None:
+            self._replica.routing.num_cached_tokens += event.usage.cached_tokens
 
     async def _drain(self) -> None:
         """Read to the end of the body, so the connection goes back to the pool."""

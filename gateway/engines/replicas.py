@@ -1,6 +1,7 @@
-"""Engine replicas as the HTTP client sees them, and which one a request should go to.
+"""Engine replicas as the HTTP client sees them, and the least-loaded routing policy
+(LORAGATE_ENGINE_ROUTING=least_loaded; the cache-aware default is in routing/policy.py).
 
-Routing: among healthy replicas, prefer one where the request's adapter is resident (the
+Least loaded: among healthy replicas, prefer one where the request's adapter is resident (the
 highest tier its `/v1/models` reports: gpu, then cpu, then merely registered), then the one
 with the fewest outstanding requests. Unhealthy replicas come last, so a request still tries
 them when nothing else is left. Plain data and pure functions: unit-tested without engines.
@@ -23,6 +24,31 @@ SPILL_AFTER = 8
 
 
 @dataclass
+class RoutingCounts:
+    """What this gateway process sent one replica, and what the replica reported back: the
+    routing metrics (gateway/telemetry/routing.py) and the engines page read them."""
+
+    num_requests: dict[str, int] = field(default_factory=dict)  # by routing reason
+    num_prompt_tokens: int = 0
+    # Prompt tokens the gateway expected the replica to find in its prefix cache (it served
+    # the prefix last), and those its usage events said it found.
+    num_expected_cached_tokens: int = 0
+    num_cached_tokens: int = 0
+
+    @property
+    def expected_hit_rate(self) -> float | None:
+        if not self.num_prompt_tokens:
+            return None
+        return self.num_expected_cached_tokens / self.num_prompt_tokens
+
+    @property
+    def hit_rate(self) -> float | None:
+        if not self.num_prompt_tokens:
+            return None
+        return self.num_cached_tokens / self.num_prompt_tokens
+
+
+@dataclass
 class Replica:
     index: int
     url: str
@@ -31,6 +57,7 @@ class Replica:
     # adapter engine name -> tier, from the replica's /v1/models
     adapters: dict[str, str] = field(default_factory=dict)
     device: str | None = None  # its adapter slots' device, from /v1/models (vLLM's: not said)
+    routing: RoutingCounts = field(default_factory=RoutingCounts)
 
     @property
     def name(self) -> str:

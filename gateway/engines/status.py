@@ -4,7 +4,8 @@
   `/metrics` and `/v1/models` serve);
 - HTTP replicas: health and adapter tiers as the client's poller last saw them, and the running,
   waiting and KV gauges read from each healthy replica's `/metrics` (its vLLM-named gauges, so a
-  vLLM replica reads the same).
+  vLLM replica reads the same); what this gateway process routed there, and the prefix-cache
+  hit rate it expected beside the one the replica reported (routing/router.py).
 
 Replicas are named by index (`engine-0`), never by URL. Adapters are engine names (adapter ids);
 the dashboard maps them to the names a viewer may see.
@@ -42,6 +43,11 @@ class ReplicaStatus:
     num_outstanding: int | None = None  # this gateway's requests on it (HTTP mode)
     adapters_by_tier: dict[str, list[str]] = field(default_factory=dict)  # tier -> engine names
     device: str | None = None  # where its adapter slots (tier "gpu") are; None: not reported
+    # HTTP mode, this gateway process only: requests sent, and the share of their prompt tokens
+    # expected from the replica's prefix cache and reported from it (None: nothing sent yet).
+    num_routed: int | None = None
+    expected_hit_rate: float | None = None
+    hit_rate: float | None = None
 
 
 def _by_tier(tiers: dict[str, str]) -> dict[str, list[str]]:
@@ -75,6 +81,9 @@ async def _replica(http: httpx.AsyncClient, replica: Replica) -> ReplicaStatus:
         num_outstanding=replica.outstanding,
         adapters_by_tier=_by_tier(replica.adapters),
         device=replica.device,
+        num_routed=sum(replica.routing.num_requests.values()),
+        expected_hit_rate=replica.routing.expected_hit_rate,
+        hit_rate=replica.routing.hit_rate,
     )
     if not replica.healthy:
         return status
