@@ -1,14 +1,20 @@
 """Tenant policy for inference requests: API key -> tenant context, quota subjects, adapter
 visibility, model resolution and priority clamping.
 
-Quota policies and adapter lists are cached per tenant, and prices per model and adapter, for
-`policy_cache_ttl_s` (seconds), so the hot path reaches the database only when a cache entry
-expires; key verification has its own
-short-TTL cache with revocation over pub/sub (tenancy.auth.key_verify).
+`model` names the base model, an adapter alias (`support`: the version the alias points at, or
+its canary for `canary_weight` percent of requests, drawn per request) or one version
+(`support@3`). A request is resolved once, at admission, to one version: everything after
+(engine, price, usage row) sees that version alone, whatever the alias points at by then.
+
+Quota policies and adapter catalogs are cached per tenant, and prices per model and adapter
+version, for `policy_cache_ttl_s` (seconds), so the hot path reaches the database only when a
+cache entry expires (an alias switch reaches every replica within that time); key verification
+has its own short-TTL cache with revocation over pub/sub (tenancy.auth.key_verify).
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -28,7 +34,7 @@ from tenancy.quota.store import QuotaSubject
 from tenancy.runtime import TenancyRuntime
 from tenancy.spend.money import Price
 from tenancy.spend.prices import price_for
-from tenancy.sql.models import Adapter
+from tenancy.sql.models import Adapter, AdapterAlias
 
 # An unknown model name reloads the tenant's adapter list if the cached one is older than this.
 MISS_RELOAD_S = 0.25
@@ -86,13 +92,43 @@ class AdapterRef:
     adapter_id: str
     name: str  # the name its owner uses as `model`
     owner_tenant_id: str | None  # None: public
-    path: str
+    path: str  # the directory store's directory ("" when the bytes live in the database)
     created_at: float
+    version: int = 1  # of its name; each version has its own id
+    sha256: str = ""  # its bundle's: engines fetch it by id and check this hash
 
     @property
     def engine_name(self) -> str:
-        # Names are unique per owner only; engines see the globally unique id.
+        # Names are unique per owner only, and versions share names; engines see the version's
+        # globally unique id (never reused), so no two versions share loaded weights or
+        # prefix-cache blocks.
         return self.adapter_id
+
+
+@dataclass(frozen=True)
+class AliasRef:
+    """A name as requests use it: `version`, or `canary` for `canary_weight` percent of them."""
+
+    name: str
+    owner_tenant_id: str | None
+    version: AdapterRef
+    canary: AdapterRef | None = None
+    canary_weight: int = 0
+
+    def pick(self, draw: int) -> AdapterRef:
+        """`draw`: uniform in [0, 100)."""
+        if self.canary is not None and draw < self.canary_weight:
+            return self.canary
+        return self.version
+
+
+@dataclass(frozen=True)
+class AdapterCatalog:
+    """What one tenant may name as `model`: its own names, then public ones of other names (a
+    name the tenant owns any version or alias of hides the public one entirely)."""
+
+    aliases: dict[str, AliasRef] = field(default_factory=dict)
+    versions: dict[tuple[str, int], AdapterRef] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -109,12 +145,21 @@ class ResolvedModel:
 
 
 class PolicyService:
-    def __init__(self, runtime: TenancyRuntime, *, base_model: str, cache_ttl_s: float) -> None:
+    def __init__(
+        self,
+        runtime: TenancyRuntime,
+        *,
+        base_model: str,
+        cache_ttl_s: float,
+        rng: random.Random | None = None,
+    ) -> None:
         self._runtime = runtime
+        # Draws the canary side of an alias per request; tests seed it (or count through it).
+        self.rng = rng if rng is not None else random.Random()
         self.base_model = base_model
         self.started_at = int(time.time())  # the base model's `created`
         self._subjects: TtlCache[tuple[str, str], list[QuotaSubject]] = TtlCache(cache_ttl_s)
-        self._adapters: TtlCache[str, dict[str, AdapterRef]] = TtlCache(cache_ttl_s)
+        self._adapters: TtlCache[str, AdapterCatalog] = TtlCache(cache_ttl_s)
         self._prices: TtlCache[str, Price] = TtlCache(cache_ttl_s)  # by adapter id, "" the base
 
     async def authenticate(self, authorization: str | None) -> TenantContext:
@@ -148,36 +193,30 @@ class PolicyService:
 
     async def adapters(
         self, ctx: TenantContext, *, max_age_s: float | None = None
-    ) -> dict[str, AdapterRef]:
-        """name -> adapter this tenant may use: its own, then public ones of other names."""
+    ) -> AdapterCatalog:
+        """The aliases and versions this tenant may use: its own, then public ones."""
 
-        async def load() -> dict[str, AdapterRef]:
-            query = select(Adapter).where(
-                or_(Adapter.owner_tenant_id == ctx.tenant_id, Adapter.owner_tenant_id.is_(None)),
-                Adapter.status == "ready",
+        async def load() -> AdapterCatalog:
+            visible = or_(
+                Adapter.owner_tenant_id == ctx.tenant_id, Adapter.owner_tenant_id.is_(None)
+            )
+            aliased = or_(
+                AdapterAlias.owner_tenant_id == ctx.tenant_id,
+                AdapterAlias.owner_tenant_id.is_(None),
             )
             try:
                 async with self._runtime.sessionmaker() as session:
-                    rows = list((await session.scalars(query)).all())
+                    rows = (await session.scalars(select(Adapter).where(visible))).all()
+                    aliases = (await session.scalars(select(AdapterAlias).where(aliased))).all()
             except (OperationalError, DBAPIError, OSError) as exc:
                 raise DatabaseUnavailable() from exc
-            visible: dict[str, AdapterRef] = {}
-            # Public first, so a tenant's own adapter of the same name wins.
-            for row in sorted(rows, key=lambda r: r.owner_tenant_id is not None):
-                visible[row.name] = AdapterRef(
-                    adapter_id=row.id,
-                    name=row.name,
-                    owner_tenant_id=row.owner_tenant_id,
-                    path=row.storage_path,
-                    created_at=row.created_at.timestamp(),
-                )
-            return visible
+            return _catalog(list(rows), list(aliases))
 
         return await self._adapters.get(ctx.tenant_id, load, max_age_s=max_age_s)
 
     def forget_adapters(self) -> None:
-        """An adapter was deleted: every tenant's list is read again (a public one is visible
-        to all). Other gateway processes catch up within `cache_ttl_s`."""
+        """An adapter was deleted or an alias changed: every tenant's catalog is read again (a
+        public one is visible to all). Other gateway processes catch up within `cache_ttl_s`."""
         self._adapters.clear()
 
     async def price(self, adapter: AdapterRef | None) -> Price:
@@ -202,15 +241,64 @@ class PolicyService:
         self._prices.clear()
 
     async def resolve(self, ctx: TenantContext, model: str) -> ResolvedModel:
-        """The base model, or an adapter visible to this tenant (with its price); anything else
-        is a 404."""
+        """The base model, or one version of an adapter visible to this tenant (with its
+        price): through the alias for `name` (a canary drawn here, once per request), or named
+        for `name@N`. Anything else is a 404."""
         if model == self.base_model:
             return ResolvedModel(name=model, adapter=None, price=await self.price(None))
-        adapter = (await self.adapters(ctx)).get(model)
+        adapter = self._pick(await self.adapters(ctx), model)
         if adapter is None:
-            # Maybe uploaded since the list was cached: look again, at most a few times a second
-            # per tenant, so unknown names cannot turn into a database query each.
-            adapter = (await self.adapters(ctx, max_age_s=MISS_RELOAD_S)).get(model)
+            # Maybe uploaded since the catalog was cached: look again, at most a few times a
+            # second per tenant, so unknown names cannot turn into a database query each.
+            adapter = self._pick(await self.adapters(ctx, max_age_s=MISS_RELOAD_S), model)
         if adapter is None:
             raise ModelNotFound()
         return ResolvedModel(name=model, adapter=adapter, price=await self.price(adapter))
+
+    def _pick(self, catalog: AdapterCatalog, model: str) -> AdapterRef | None:
+        name, at, number = model.rpartition("@")
+        if not at:
+            alias = catalog.aliases.get(model)
+            return alias.pick(self.rng.randrange(100)) if alias is not None else None
+        # Adapter names never hold '@' (tenancy/adapters/service.py): `name@N` is a version.
+        if not number.isascii() or not number.isdigit() or len(number) > 9:
+            return None
+        return catalog.versions.get((name, int(number)))
+
+
+def _catalog(rows: list[Adapter], aliases: list[AdapterAlias]) -> AdapterCatalog:
+    """Public first, then the tenant's own: a name the tenant uses replaces the public one's
+    versions and alias alike (never a mix of both owners' versions under one name)."""
+    owned = {r.name for r in rows if r.owner_tenant_id is not None}
+    owned |= {a.name for a in aliases if a.owner_tenant_id is not None}
+    refs: dict[str, AdapterRef] = {}
+    catalog = AdapterCatalog()
+    for row in rows:
+        if row.status != "ready" or (row.owner_tenant_id is None and row.name in owned):
+            continue
+        ref = AdapterRef(
+            adapter_id=row.id,
+            name=row.name,
+            owner_tenant_id=row.owner_tenant_id,
+            path=row.storage_path or "",
+            created_at=row.created_at.timestamp(),
+            version=row.version,
+            sha256=row.sha256,
+        )
+        refs[row.id] = ref
+        catalog.versions[(row.name, row.version)] = ref
+    for alias in aliases:
+        if alias.owner_tenant_id is None and alias.name in owned:
+            continue
+        version = refs.get(alias.version_id)
+        if version is None:
+            continue  # not ready
+        canary = refs.get(alias.canary_version_id) if alias.canary_version_id else None
+        catalog.aliases[alias.name] = AliasRef(
+            name=alias.name,
+            owner_tenant_id=alias.owner_tenant_id,
+            version=version,
+            canary=canary,
+            canary_weight=alias.canary_weight if canary is not None else 0,
+        )
+    return catalog

@@ -107,6 +107,7 @@ class AdapterOut(BaseModel):
     id: str
     owner_tenant_id: str | None
     name: str
+    version: int  # 1, 2, ... per owner and name; `model: "name@3"` requests one explicitly
     base_model: str
     rank: int
     alpha: float
@@ -115,6 +116,35 @@ class AdapterOut(BaseModel):
     size_bytes: int
     status: str
     created_at: dt.datetime
+
+
+class AliasOut(BaseModel):
+    """An adapter name as requests use it: `version` serves 100 - canary_weight percent of
+    them, `canary_version` (when set) the rest."""
+
+    owner_tenant_id: str | None
+    name: str
+    version: int
+    version_id: str
+    canary_version: int | None
+    canary_version_id: str | None
+    canary_weight: int
+    updated_at: dt.datetime
+
+
+class AliasSwitch(BaseModel):
+    """Point the alias at one version (and drop any canary): a switch, or a rollback."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(ge=1)
+
+
+class CanaryIn(BaseModel):
+    """Send `weight` percent of the alias's requests to `version`, the rest to its version."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(ge=1)
+    weight: int = Field(ge=1, le=99)
 
 
 class UsageRow(BaseModel):

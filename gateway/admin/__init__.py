@@ -10,6 +10,7 @@ from fastapi import APIRouter
 
 from gateway.admin import (
     adapters,
+    aliases,
     audit,
     keys,
     quota_state,
@@ -25,7 +26,9 @@ PREFIX = "/admin/v1"
 
 def admin_router() -> APIRouter:
     router = APIRouter(prefix=PREFIX)
-    modules = (tenants, keys, quotas, quota_state, adapters, usage, audit, webhooks, spend)
+    modules = (
+        tenants, keys, quotas, quota_state, adapters, aliases, usage, audit, webhooks, spend,
+    )  # fmt: skip
     for module in modules:
         router.include_router(module.router)
     return router

@@ -1,11 +1,14 @@
 """/admin/v1/tenants/{tenant_id}/adapters (tenant-owned), /admin/v1/adapters (public) and
-/admin/v1/adapters/limits (what an upload must fit, for a client to check before it sends)."""
+/admin/v1/adapters/limits (what an upload must fit, for a client to check before it sends).
+
+Each upload of a name adds its next version; `activate` (default true) points the name's alias
+at it (gateway/admin/aliases.py for the alias itself)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, File, Form, UploadFile, status
+from fastapi import APIRouter, File, Form, Query, UploadFile, status
 from pydantic import BaseModel
 
 from gateway.admin.deps import (
@@ -26,6 +29,17 @@ router = APIRouter(tags=["adapters"])
 
 FilesForm = Annotated[list[UploadFile], File(description="PEFT files, or one .zip / .tar.gz")]
 NameForm = Annotated[str, Form(max_length=10_000)]
+ActivateForm = Annotated[
+    bool,
+    Form(
+        description="Point the name's alias at this version (dropping any canary); false "
+        "stages it, served only as `name@N` until a switch or a canary names it. The first "
+        "version of a name always creates the alias."
+    ),
+]
+NameQuery = Annotated[
+    str | None, Query(max_length=256, description="only the versions of this name")
+]
 
 
 async def read_uploads(files: list[UploadFile], limit: int) -> list[UploadedFile]:
@@ -76,26 +90,49 @@ async def upload_adapter(
     session: SessionDep,
     ctx: AuditDep,
     runtime: RuntimeDep,
+    removal: AdapterRemovalDep,
+    activate: ActivateForm = True,
 ) -> object:
     uploads = await read_uploads(files, runtime.settings.adapter_limits.max_upload_bytes)
-    return await crud.register_adapter(
-        session, ctx=ctx, service=runtime.adapters, tenant_id=tenant_id, name=name, uploads=uploads
-    )
+    row = await crud.register_adapter(
+        session, ctx=ctx, service=runtime.adapters, tenant_id=tenant_id, name=name,
+        uploads=uploads, activate=activate,
+    )  # fmt: skip
+    removal.changed()
+    return row
 
 
 @router.post("/adapters", status_code=status.HTTP_201_CREATED, response_model=AdapterOut)
 async def upload_public_adapter(
-    name: NameForm, files: FilesForm, session: SessionDep, ctx: AuditDep, runtime: RuntimeDep
+    name: NameForm,
+    files: FilesForm,
+    session: SessionDep,
+    ctx: AuditDep,
+    runtime: RuntimeDep,
+    removal: AdapterRemovalDep,
+    activate: ActivateForm = True,
 ) -> object:
     uploads = await read_uploads(files, runtime.settings.adapter_limits.max_upload_bytes)
-    return await crud.register_adapter(
-        session, ctx=ctx, service=runtime.adapters, tenant_id=None, name=name, uploads=uploads
-    )
+    row = await crud.register_adapter(
+        session, ctx=ctx, service=runtime.adapters, tenant_id=None, name=name, uploads=uploads,
+        activate=activate,
+    )  # fmt: skip
+    removal.changed()
+    return row
+
+
+@router.get("/adapters", response_model=list[AdapterOut])
+async def list_public_adapters(
+    session: SessionDep, principal: PrincipalDep, name: NameQuery = None
+) -> object:
+    return await crud.list_public_adapters(session, principal=principal, name=name)
 
 
 @router.get("/tenants/{tenant_id}/adapters", response_model=list[AdapterOut])
-async def list_adapters(tenant_id: str, session: SessionDep, principal: PrincipalDep) -> object:
-    return await crud.list_adapters(session, principal=principal, tenant_id=tenant_id)
+async def list_adapters(
+    tenant_id: str, session: SessionDep, principal: PrincipalDep, name: NameQuery = None
+) -> object:
+    return await crud.list_adapters(session, principal=principal, tenant_id=tenant_id, name=name)
 
 
 @router.get("/tenants/{tenant_id}/adapters/{adapter_id}", response_model=AdapterOut)

@@ -32,11 +32,17 @@ SessionDep = Annotated[AsyncSession, Depends(get_session)]
 
 
 class AdapterRemoval:
-    """What deleting adapters must tell the serving side: its cached adapter lists are stale,
-    and no engine may keep the adapters (their files are gone)."""
+    """What changing adapters must tell the serving side: its cached adapter catalogs are
+    stale, and (for deleted versions) no engine may keep them (their files are gone)."""
 
     def __init__(self, state: GatewayState | None) -> None:
         self._state = state  # None where the admin routers run without the gateway
+
+    def changed(self) -> None:
+        """A version was added or an alias changed: this process resolves names afresh from
+        now on (the others within their policy cache TTL)."""
+        if self._state is not None:
+            self._state.policy.forget_adapters()
 
     def removed(self, engine_names: list[str]) -> None:
         if self._state is None or not engine_names:

@@ -96,6 +96,7 @@ class Bookkeeping:
                 api_key_id=run.target.ctx.key_id,
                 model=model.name,
                 adapter_id=model.adapter.adapter_id if model.adapter else None,
+                adapter_version=model.adapter.version if model.adapter else None,
                 prompt_tokens=run.num_prompt_tokens,
                 completion_tokens=num_completion,
                 cached_tokens=output.num_cached_tokens if run.num_prompt_tokens else 0,

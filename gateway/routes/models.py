@@ -1,4 +1,7 @@
-"""GET /v1/models and /v1/models/{id}: the base model and the adapters this key may use."""
+"""GET /v1/models and /v1/models/{id}: the base model and the adapters this key may use.
+
+The list holds the base model and each adapter alias (a name, as `model` takes it); versions
+are not listed, though `/v1/models/name@3` answers for each one the key may name."""
 
 from __future__ import annotations
 
@@ -16,16 +19,16 @@ def _model(model_id: str, created: int, owned_by: str) -> dict[str, Any]:
     return {"id": model_id, "object": "model", "created": created, "owned_by": owned_by}
 
 
-def _adapter(adapter: AdapterRef) -> dict[str, Any]:
+def _adapter(model_id: str, adapter: AdapterRef) -> dict[str, Any]:
     owner = "loragate" if adapter.owner_tenant_id is None else "tenant"
-    return _model(adapter.name, int(adapter.created_at), owner)
+    return _model(model_id, int(adapter.created_at), owner)
 
 
 @router.get("/v1/models")
 async def list_models(state: StateDep, ctx: TenantDep) -> dict[str, Any]:
     base = _model(state.policy.base_model, state.policy.started_at, "loragate")
-    adapters = await state.policy.adapters(ctx)
-    data = [base, *(_adapter(a) for a in sorted(adapters.values(), key=lambda a: a.name))]
+    aliases = (await state.policy.adapters(ctx)).aliases
+    data = [base, *(_adapter(name, aliases[name].version) for name in sorted(aliases))]
     return {"object": "list", "data": data}
 
 
@@ -34,4 +37,4 @@ async def get_model(model_id: str, state: StateDep, ctx: TenantDep) -> dict[str,
     resolved = await state.policy.resolve(ctx, model_id)  # 404 for what this key may not see
     if resolved.adapter is None:
         return _model(model_id, state.policy.started_at, "loragate")
-    return _adapter(resolved.adapter)
+    return _adapter(model_id, resolved.adapter)

@@ -32,6 +32,7 @@ class UsageIn:
     finished_at: dt.datetime
     # At the prices of its admission (tenancy/spend/money.py); 0 where nothing is priced.
     cost_micros: int = 0
+    adapter_version: int | None = None  # the version of adapter_id's name that served it
 
 
 async def record_usage(session: AsyncSession, *, record: UsageIn) -> bool:

@@ -23,6 +23,11 @@ EXPECTED: dict[str, tuple[bool | None, bool]] = {
     "quota.put": (None, True),
     "adapter.create": (False, True),
     "adapter.delete": (True, False),
+    "alias.create": (False, True),
+    "alias.switch": (True, True),
+    "alias.canary_set": (True, True),
+    "alias.canary_clear": (True, True),
+    "alias.delete": (True, False),
     "price.put": (False, True),
     "webhook.create": (False, True),
     "webhook.update": (True, True),
@@ -45,7 +50,7 @@ async def test_every_mutating_route_is_audited(
             for method in ops
             if method in {"post", "put", "patch", "delete"}
         }
-        assert len(mutating) == 18
+        assert len(mutating) == 26
         called: set[tuple[str, str]] = set()
 
         async def call(method: str, template: str, path: str, **kw: object) -> dict[str, object]:
@@ -90,10 +95,27 @@ async def test_every_mutating_route_is_audited(
         )  # fmt: skip
         pub = await call("POST", "/adapters", "/adapters", data={"name": "pub"}, files=files)
         assert pub["owner_tenant_id"] is None
+        # a second version of each, staged; the alias switched, a canary set and cleared
+        staged = {"name": "lora", "activate": "false"}
+        await call("POST", "/tenants/{tenant_id}/adapters", f"/tenants/{tid}/adapters",
+                   data=staged, files=files)  # fmt: skip
+        await call("POST", "/adapters", "/adapters", data={**staged, "name": "pub"}, files=files)
+        alias = "/tenants/{tenant_id}/adapter-aliases/{name}"
+        await call("PUT", alias, f"/tenants/{tid}/adapter-aliases/lora", json={"version": 2})
+        await call("PUT", alias + "/canary", f"/tenants/{tid}/adapter-aliases/lora/canary",
+                   json={"version": 1, "weight": 10})  # fmt: skip
+        await call("DELETE", alias + "/canary", f"/tenants/{tid}/adapter-aliases/lora/canary")
         await call(
             "DELETE", "/tenants/{tenant_id}/adapters/{adapter_id}",
             f"/tenants/{tid}/adapters/{a['id']}",
         )  # fmt: skip
+        await call("DELETE", alias, f"/tenants/{tid}/adapter-aliases/lora?with_versions=true")
+        public = "/adapter-aliases/{name}"
+        await call("PUT", public, "/adapter-aliases/pub", json={"version": 2})
+        await call("PUT", public + "/canary", "/adapter-aliases/pub/canary",
+                   json={"version": 1, "weight": 5})  # fmt: skip
+        await call("DELETE", public + "/canary", "/adapter-aliases/pub/canary")
+        await call("DELETE", public, "/adapter-aliases/pub?with_versions=true")
         hook = "/tenants/{tenant_id}/webhook"
         made = await call("POST", hook, f"/tenants/{tid}/webhook",
                           json={"url": "https://93.184.216.34/hook"})  # fmt: skip
