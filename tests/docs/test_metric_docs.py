@@ -24,14 +24,20 @@ def _zeros(cls: type) -> dict[str, Any]:
 
 def exported_metrics() -> set[str]:
     """The names a scrape shows: counters with `_total`, gauges and histograms as named."""
+    from prometheus_client import CollectorRegistry
+
     from engine.metrics import EngineMetrics
     from engine.outputs import EngineStats, LoRAStats
     from gateway.telemetry.metrics import GatewayMetrics
+    from gateway.telemetry.routing import RoutingCollector
 
     stats = EngineStats(**{**_zeros(EngineStats), "lora": LoRAStats(**_zeros(LoRAStats))})
+    routing = CollectorRegistry()  # the HTTP engine client's, on the gateway's registry
+    routing.register(RoutingCollector([]))
     registries = [
         GatewayMetrics(max_tenants=1, max_models=1).registry,
         EngineMetrics(model_name="docs", stats=lambda: stats).registry,
+        routing,
     ]
     return {
         family.name + ("_total" if family.type == "counter" else "")
