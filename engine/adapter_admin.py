@@ -1,15 +1,20 @@
 """The adapter endpoints' work, between the server's thin routes and the engine loop thread:
-parse the bodies, load (validation and disk reads off the loop thread), unload (wait until no
-sequence uses the adapter), list models with each adapter's tier and rank."""
+parse the bodies, load (validation and disk reads off the loop thread; an adapter named by its
+hash is fetched from the gateway's store first, lora/remote/), unload (wait until no sequence
+uses the adapter), list models with each adapter's tier and rank."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import InvalidRequestError
 from lora.registry import AdapterRecord, check_adapter_name
+from lora.remote.fetched import FetchedAdapters, fetched_adapters
+
+__all__ = ["FetchedAdapters", "LoadRequest", "fetched_adapters"]  # the in-process client's too
 
 if TYPE_CHECKING:
     from engine.loop.async_engine import AsyncEngine
@@ -43,11 +48,55 @@ def _string_field(fields: dict[str, Any], name: str) -> str:
     return value
 
 
-def parse_load(body: bytes, *, base_model_name: str) -> tuple[str, str]:
-    """(lora_name, lora_path); the name is checked here (separators, control characters...)."""
+@dataclass(frozen=True)
+class LoadRequest:
+    """`/v1/load_lora_adapter`'s body: a local directory (`lora_path`), or the adapter's bundle
+    hash (`lora_sha256`: fetched by `name` from the engine's adapter source), or both (the hash
+    wins where the engine has a source, the path where it has none)."""
+
+    name: str
+    path: str | None
+    sha256: str | None
+
+
+def parse_load(body: bytes, *, base_model_name: str) -> LoadRequest:
+    """The name is checked here (separators, control characters...)."""
     fields = _json_object(body)
     name = check_adapter_name(_string_field(fields, "lora_name"), base_model_name=base_model_name)
-    return name, _string_field(fields, "lora_path")
+    if fields.get("lora_path") is None and fields.get("lora_sha256") is None:
+        raise InvalidRequestError("lora_path or lora_sha256 is required", param="lora_path")
+    path = None if fields.get("lora_path") is None else _string_field(fields, "lora_path")
+    sha = None if fields.get("lora_sha256") is None else _string_field(fields, "lora_sha256")
+    return LoadRequest(name=name, path=path, sha256=sha)
+
+
+async def attach_store(engine: AsyncEngine, adapters: FetchedAdapters) -> None:
+    """Adapters fetched into `adapters`' disk cache are read through it from now on (kept while
+    read, fetched again if evicted)."""
+    await engine.run_in_loop(
+        lambda e: e.lora.read_through(adapters.open) if e.lora is not None else None
+    )
+
+
+async def load_requested(
+    engine: AsyncEngine, request: LoadRequest, adapters: FetchedAdapters | None
+) -> AdapterRecord:
+    """Fetch (hash checked, once per hash) when the request names a hash and this engine has an
+    adapter source, then `load`."""
+    if request.sha256 is not None and adapters is not None:
+        path = str(adapters.cache.root / request.sha256)
+        record = await engine.run_in_loop(lambda e: lora_of(e).existing(request.name, path))
+        if record is not None:
+            return record
+        path = await asyncio.to_thread(adapters.materialize, request.name, request.sha256)
+        return await load(engine, request.name, path)
+    if request.path is None:
+        raise InvalidRequestError(
+            "this engine has no adapter source (--adapter-source) to fetch lora_sha256 from; "
+            "send lora_path",
+            param="lora_sha256",
+        )
+    return await load(engine, request.name, request.path)
 
 
 def parse_unload(body: bytes) -> str:

@@ -91,6 +91,14 @@ def add_subcommands(subparsers: Any) -> None:
         help="environment variable holding the admin token for adapter endpoints",
     )
     serve.add_argument(
+        "--adapter-source",
+        default=None,
+        metavar="URL",
+        help="the gateway (any replica, or the Service in front) adapters named by hash are "
+        "fetched from, with the admin token (default: $LORAGATE_ADAPTER_SOURCE; unset: "
+        "adapters load from lora_path only)",
+    )
+    serve.add_argument(
         "--otel-endpoint",
         default=None,
         help="OTLP/HTTP traces endpoint (a collector's http://HOST:4318/v1/traces) to send "
@@ -142,6 +150,7 @@ def _serve(args: argparse.Namespace) -> int:
             port=args.port,
             admin_token=os.environ.get(args.admin_token_env),
             otel_endpoint=args.otel_endpoint or os.environ.get("LORAGATE_OTEL_ENDPOINT"),
+            adapter_source=args.adapter_source or os.environ.get("LORAGATE_ADAPTER_SOURCE"),
         )
     except AdapterError as exc:  # a --lora-modules adapter failed validation at start-up
         raise SystemExit(f"loragate engine: --lora-modules: {exc.message}") from exc

@@ -88,6 +88,11 @@ class EngineConfig:
     max_cpu_loras: int | None = None
     max_lora_rank: int = 16
     lora_modules: tuple[LoraModule, ...] = ()
+    # Adapters fetched from the gateway's store (lora/remote/) are unpacked here, at most
+    # adapter_cache_bytes of them (least recently used go first); None: a fresh temporary
+    # directory per process.
+    adapter_cache_dir: str | None = None
+    adapter_cache_bytes: int = 4 << 30
     # torch intra-op threads, set once at engine start (None: every core this process may use).
     threads: int | None = None
     # Structured outputs (engine/structured/compiler.py): compiled grammars kept (an LRU), the

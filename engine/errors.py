@@ -35,3 +35,17 @@ class EngineUnavailableError(EngineError):
 
     status_code = 503
     error_type = "server_error"
+
+
+class RequestTooLargeError(EngineError):
+    """The body is over the server's size limit: 413."""
+
+    status_code = 413
+    error_type = "invalid_request_error"
+
+
+class AdminAuthError(EngineError):
+    """The adapter endpoints need the engine's admin token: 401."""
+
+    status_code = 401
+    error_type = "authentication_error"

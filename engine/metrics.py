@@ -18,6 +18,7 @@ from engine.outputs import EngineStats, FinishReason, LoRAStats, RequestOutput
 from engine.protocol import is_error_output
 from engine.protocol.labels import tenant_label
 from engine.step.choices.choice import StartupChoice
+from lora.remote.fetched import FetchedAdapters
 
 # Bounded label cardinality: the busiest tenants by served tokens get their own series, the
 # rest are summed into OTHER_TENANT.
@@ -315,3 +316,35 @@ class EngineMetrics:
         for choice in choices:
             startup.labels(model_name, choice.name, choice.value, choice.source).set(1)
         self.requests = RequestMetrics(self.registry, model_name)
+
+
+class AdapterFetchCollector(Collector):
+    """Adapters fetched from the gateway's store (lora/remote/): fetches, refusals, bytes, and
+    the disk cache they are kept in."""
+
+    def __init__(self, adapters: FetchedAdapters) -> None:
+        self._adapters = adapters
+
+    def collect(self) -> Iterator[Metric]:
+        stats, cache = self._adapters.stats, self._adapters.cache
+        yield CounterMetricFamily(
+            "loragate:adapter_fetches", "Adapter bundles fetched, hash checked and unpacked.",
+            value=stats.num_fetches,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "loragate:adapter_fetch_refusals",
+            "Adapter bundles fetched and refused (a wrong hash, a truncated transfer, a bad form).",
+            value=stats.num_refused,
+        )
+        yield CounterMetricFamily(
+            "loragate:adapter_fetch_bytes", "Bytes of the adapter bundles fetched.",
+            value=stats.num_bytes,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "loragate:adapter_cache_bytes", "Bytes of unpacked adapters in the disk cache.",
+            value=cache.num_bytes,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "loragate:adapter_cache_evictions", "Adapters evicted from the disk cache.",
+            value=cache.stats.num_evictions,
+        )  # fmt: skip

@@ -23,9 +23,9 @@ from starlette.types import Receive, Scope, Send
 
 from engine import adapter_admin
 from engine.config import EngineConfig
-from engine.errors import EngineError
+from engine.errors import AdminAuthError, EngineError, RequestTooLargeError
 from engine.loop.async_engine import AsyncEngine, RequestStream
-from engine.metrics import EngineMetrics, finish_reason
+from engine.metrics import AdapterFetchCollector, EngineMetrics, finish_reason
 from engine.outputs import RequestOutput
 from engine.protocol import (
     SSE_DONE,
@@ -45,6 +45,8 @@ from engine.protocol import (
 )
 from engine.protocol.tracing import EngineTrace, tracer_for
 from lora.errors import AdapterError
+from lora.remote.fetch import HttpBundleFetcher
+from lora.remote.fetched import FetchedAdapters, fetched_adapters
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -55,20 +57,6 @@ DEFAULT_MAX_BODY_BYTES = 8 << 20
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 # Not a standard status: what nginx logs for a client that closed the connection first.
 CLIENT_CLOSED_REQUEST = 499
-
-
-class RequestTooLargeError(EngineError):
-    """The body is over the server's size limit: 413."""
-
-    status_code = 413
-    error_type = "invalid_request_error"
-
-
-class AdminAuthError(EngineError):
-    """The adapter endpoints need the engine's admin token: 401."""
-
-    status_code = 401
-    error_type = "authentication_error"
 
 
 # ---- dependencies ----------------------------------------------------------------------------
@@ -309,9 +297,9 @@ async def metrics_endpoint(metrics: MetricsDep) -> Response:
 
 
 @router.post("/v1/load_lora_adapter", response_model=None, dependencies=[AdminDep])
-async def load_lora_adapter(engine: EngineDep, body: BodyDep) -> Response:
-    name, path = adapter_admin.parse_load(body, base_model_name=engine.model_name)
-    record = await adapter_admin.load(engine, name, path)
+async def load_lora_adapter(request: Request, engine: EngineDep, body: BodyDep) -> Response:
+    load = adapter_admin.parse_load(body, base_model_name=engine.model_name)
+    record = await adapter_admin.load_requested(engine, load, request.app.state.adapters)
     return JSONResponse({"lora_name": record.name, "rank": record.rank, "status": "loaded"})
 
 
@@ -338,12 +326,16 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
     tracer: Tracer | None = None,
+    adapters: FetchedAdapters | None = None,
 ) -> FastAPI:
     """The engine's ASGI app; its lifespan drains the engine on shutdown. `tracer`: None,
-    tracing is off (engine/protocol/tracing.py)."""
+    tracing is off (engine/protocol/tracing.py). `adapters`: where adapters named by hash are
+    fetched from (None: only `lora_path` loads)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if adapters is not None:
+            await adapter_admin.attach_store(engine, adapters)
         yield
         await engine.shutdown(drain_timeout_s)
 
@@ -359,6 +351,9 @@ def create_app(
         model_name=engine.model_name, stats=engine.stats, choices=engine.startup_choices
     )
     app.state.admin_token = admin_token  # for the adapter endpoints
+    app.state.adapters = adapters
+    if adapters is not None:
+        app.state.metrics.registry.register(AdapterFetchCollector(adapters))
     app.state.max_body_bytes = max_body_bytes
     app.state.tracer = tracer
     app.state.created = int(time.time())
@@ -376,6 +371,7 @@ def serve(
     port: int,
     admin_token: str | None,
     otel_endpoint: str | None,
+    adapter_source: str | None = None,
 ) -> None:
     """Load the model, then serve until SIGINT/SIGTERM, draining on the way out. The engine loop
     runs on this (the main) thread, HTTP on another (engine/loop/on_main.py). `otel_endpoint`:
@@ -386,7 +382,11 @@ def serve(
 
     engine = AsyncEngine.from_config(config, start_thread=False)
     tracer = tracer_for(otel_endpoint, service_name="loragate-engine")
-    app = create_app(engine, admin_token=admin_token, tracer=tracer)
+    adapters = None
+    if adapter_source is not None:  # the gateway's store, reached with the same engine token
+        fetcher = HttpBundleFetcher(adapter_source, admin_token)
+        adapters = fetched_adapters(config.adapter_cache_dir, config.adapter_cache_bytes, fetcher)
+    app = create_app(engine, admin_token=admin_token, tracer=tracer, adapters=adapters)
     server = uvicorn.Server(
         uvicorn.Config(
             app,

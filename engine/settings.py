@@ -138,6 +138,16 @@ class EngineSettings(BaseModel):
     lora_modules: tuple[LoraModuleSpec, ...] = Field(
         default=(), description="adapters to serve from the start"
     )
+    adapter_cache_dir: str | None = Field(
+        default=None,
+        description="where adapters fetched from the gateway's store are unpacked and kept "
+        "(default: a fresh temporary directory, removed at exit)",
+    )
+    adapter_cache_gb: float = Field(
+        default=4.0,
+        gt=0,
+        description="disk the fetched adapters may take, in GiB (least recently used go first)",
+    )
     threads: int | None = Field(
         default=None,
         ge=1,
@@ -194,6 +204,8 @@ class EngineSettings(BaseModel):
             max_loras=self.max_loras,
             max_cpu_loras=self.max_cpu_loras,
             max_lora_rank=self.max_lora_rank,
+            adapter_cache_dir=self.adapter_cache_dir,
+            adapter_cache_bytes=int(self.adapter_cache_gb * (1 << 30)),
             lora_modules=tuple(
                 LoraModule(name=m.name, path=m.path, base_model_name=m.base_model_name)
                 for m in self.lora_modules

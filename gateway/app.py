@@ -35,7 +35,7 @@ from gateway.lifecycle.job import Planner
 from gateway.lifecycle.service import RequestLifecycle
 from gateway.middleware import EdgeMiddleware
 from gateway.policy import PolicyService
-from gateway.routes import chat, completions, generate, health, models, responses
+from gateway.routes import chat, completions, generate, health, internal, models, responses
 from gateway.routes.direct import DirectRoutes, post_endpoints
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
@@ -75,6 +75,8 @@ async def build_state(
             await upgrade(runtime.engine)
         await check_schema(runtime.engine)  # a clear refusal, not a 503 on every request
         await runtime.restore_budgets()  # before the first admission: a restart hands none back
+        # Versions stored before the content-addressed store get their blob and bundle hash.
+        await runtime.adapters.store.adopt_legacy(runtime.sessionmaker)
         tokenizer = await asyncio.to_thread(Tokenizer.load, settings.model, settings.chat_template)
         engine = engine_client or await build_engine_client(
             settings, runtime.priority.vllm_priority
@@ -82,6 +84,13 @@ async def build_state(
     except BaseException:
         await runtime.close()
         raise
+    use_store = getattr(engine, "use_adapter_store", None)  # the embedded engine
+    if use_store is not None:
+        await use_store(
+            lambda adapter_id: runtime.adapters.open_bundle(runtime.sessionmaker, adapter_id),
+            cache_dir=settings.engine.adapter_cache_dir,
+            max_bytes=int(settings.engine.adapter_cache_gb * (1 << 30)),
+        )
     await engine.start()
     metrics = GatewayMetrics(
         max_tenants=settings.max_metric_tenants, max_models=settings.max_metric_models
@@ -250,7 +259,7 @@ def create_app(
     )
     # Hosts, request context and the last-resort 500 in one pass (gateway/middleware.py).
     app.add_middleware(EdgeMiddleware, hosts=settings.trusted_hosts)
-    for module in (*inference, models, health):
+    for module in (*inference, models, health, internal):
         app.include_router(module.router)
     app.include_router(admin_router())
     if docs:

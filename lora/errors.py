@@ -62,3 +62,11 @@ class AdapterConflictError(AdapterError):
     """The name is registered for a different path."""
 
     status_code = 409
+
+
+class AdapterFetchError(AdapterError):
+    """An adapter's bundle could not be fetched from the gateway's store, or its bytes were
+    refused (a hash other than the one asked for, a truncated transfer): the store, upstream of
+    the engine, failed; nothing of it was unpacked or loaded."""
+
+    status_code = 502

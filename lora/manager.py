@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 
@@ -73,6 +74,18 @@ class LoRAManager:
             max_loras=max_loras, max_cpu_loras=max_cpu_loras, source=self
         )
         self._slot_ranks = [0] * max_loras
+
+    def read_through(self, opener: Callable[[str], AbstractContextManager[str]]) -> None:
+        """Read every adapter through `opener` from now on: fetched adapters live in a disk
+        cache that may evict one the registry still names (lora/remote/fetched.py), and
+        `opener` keeps it there, or fetches it again, while it is read."""
+        plain = self.read
+
+        def read(path: str) -> LoadedAdapter:
+            with opener(path) as local:
+                return plain(local)
+
+        self.read = read
 
     def close(self) -> None:
         """Stop the reader thread; reads not started yet are dropped."""

@@ -108,6 +108,9 @@ class TenancySettings(BaseSettings):
     default_tier: str = "standard"
     vllm_priority_offset: int = 0
 
+    # Where uploaded adapters' bytes live (tenancy/adapters/store.py): the database, which every
+    # gateway replica reaches (no shared volume), or files under adapter_store_dir.
+    adapter_store: Literal["database", "directory"] = "database"
     adapter_store_dir: Path = Path("./data/adapters")
     adapter_limits: AdapterLimits = Field(default_factory=AdapterLimits)
     base_model: BaseModelSpec = Field(default_factory=BaseModelSpec)

@@ -75,6 +75,22 @@ def _error_for(status: int, body: bytes) -> ClientError:
     return EngineFailed("The engine failed.", status_code=502)
 
 
+def load_body(adapter: AdapterRef, *, vllm: bool) -> dict[str, str] | None:
+    """`/v1/load_lora_adapter`'s body: a loragate engine fetches by hash from its adapter source
+    (docs/tokens-api.md), or reads `lora_path` where it has none and the directory store shares
+    one; vLLM takes a path only, so without one it is not asked (its resolver fetches)."""
+    if vllm:
+        return (
+            {"lora_name": adapter.engine_name, "lora_path": adapter.path} if adapter.path else None
+        )
+    body = {"lora_name": adapter.engine_name}
+    if adapter.sha256:
+        body["lora_sha256"] = adapter.sha256
+    if adapter.path:
+        body["lora_path"] = adapter.path
+    return body
+
+
 class HttpEngineClient:
     def __init__(
         self,
@@ -243,18 +259,28 @@ class HttpEngineClient:
     # ---- requests ------------------------------------------------------------------------------
 
     async def _load_adapter(self, replica: Replica, adapter: AdapterRef) -> None:
+        body = load_body(adapter, vllm=self._vllm)
+        if body is None:  # vLLM fetches it through its resolver plugin on the first request
+            return
         r = await self._http.post(
             replica.url + "/v1/load_lora_adapter",
-            json={"lora_name": adapter.engine_name, "lora_path": adapter.path},
+            json=body,
             headers=self._admin_headers,
             timeout=120.0,
         )
+        if r.status_code == 404 and not self._vllm:  # the store has it no more: deleted
+            raise ModelNotFound()
         # 409: a loragate engine holds that name (for another path, or it is being unloaded);
         # vLLM answers an adapter it already holds with a 400 that says so.
         held = self._vllm and vllm_dialect.is_already_loaded(r.status_code, r.content)
         if r.status_code not in (200, 409) and not held:
             log.warning("replica %s could not load an adapter (%d)", replica.name, r.status_code)
-            raise _TryNext(EngineFailed("The adapter could not be loaded.", status_code=502))
+            # The engine's reason (a hash that does not match, a truncated transfer) is about
+            # the adapter, not a secret: the client sees it.
+            reason = _error_for(r.status_code, r.content).message
+            raise _TryNext(
+                EngineFailed(f"The adapter could not be loaded: {reason}", status_code=502)
+            )
         replica.adapters.setdefault(adapter.engine_name, "cpu")
 
     async def open(

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -48,6 +48,48 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
 INPROCESS = "inprocess"
+
+
+class Bundle(Protocol):
+    """What the store hands out (tenancy/adapters/store.py BundleStream)."""
+
+    sha256: str
+    chunks: AsyncIterator[bytes]
+
+
+OpenBundle = Callable[[str], Coroutine[Any, Any, Bundle | None]]
+
+
+async def _next(chunks: AsyncIterator[bytes]) -> bytes:
+    return await anext(chunks)
+
+
+class StoreFetcher:
+    """The embedded engine's adapter source: the store itself, no HTTP. Its `fetch` runs on the
+    engine's threads (the load's worker, the LoRA reader) and reads on the gateway's event loop,
+    one chunk at a time; the engine checks the hash and unpacks as an engine server does."""
+
+    def __init__(self, open_bundle: OpenBundle, loop: asyncio.AbstractEventLoop) -> None:
+        self._open = open_bundle
+        self._loop = loop
+
+    def fetch(self, adapter_id: str, out: BinaryIO, *, max_bytes: int) -> str | None:
+        opened = asyncio.run_coroutine_threadsafe(self._open(adapter_id), self._loop)
+        bundle: Bundle | None = opened.result()
+        if bundle is None:
+            raise LookupError(adapter_id)  # deleted since this gateway listed it
+        received = 0
+        chunks = bundle.chunks
+        while True:
+            try:
+                chunk = asyncio.run_coroutine_threadsafe(_next(chunks), self._loop).result()
+            except StopAsyncIteration:
+                return bundle.sha256
+            received += len(chunk)
+            if received > max_bytes:
+                raise ValueError("the adapter bundle exceeds the engine's limit")
+            out.write(chunk)
+
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +169,7 @@ class InProcessEngineClient:
         self._metrics: RequestMetrics | None = None  # once registered on the gateway's /metrics
         self._tracer: Tracer | None = None  # once the gateway traces (use_tracer)
         self._unloads: set[asyncio.Task[bool]] = set()
+        self._adapters: adapter_admin.FetchedAdapters | None = None  # use_adapter_store
         self._limits = EngineLimits(
             vocab_size=engine.vocab_size,
             max_model_len=engine.max_model_len,
@@ -144,6 +187,15 @@ class InProcessEngineClient:
 
     async def start(self) -> None:
         return None
+
+    async def use_adapter_store(
+        self, open_bundle: OpenBundle, *, cache_dir: str | None, max_bytes: int
+    ) -> None:
+        """Load adapters named by hash from the gateway's store (fetched, checked and unpacked
+        into a disk cache, as an engine server does), not from a path."""
+        fetcher = StoreFetcher(open_bundle, asyncio.get_running_loop())
+        self._adapters = adapter_admin.fetched_adapters(cache_dir, max_bytes, fetcher)
+        await adapter_admin.attach_store(self.engine, self._adapters)
 
     async def check_constraint(self, spec: StructuredSpec) -> None:
         await self.engine.compile_grammar(spec)
@@ -180,18 +232,27 @@ class InProcessEngineClient:
         The engine moves it between its disk, CPU and device tiers by itself afterwards."""
         pending: asyncio.Future[Any] | None = self._loaded.get(adapter.engine_name)
         if pending is None:
-            pending = asyncio.ensure_future(
-                adapter_admin.load(self.engine, adapter.engine_name, adapter.path)
-            )
+            pending = asyncio.ensure_future(self._load(adapter))
             self._loaded[adapter.engine_name] = pending
         try:
             await asyncio.shield(pending)
         except Exception as exc:  # lora's AdapterError (outside our import rules) or I/O
             self._loaded.pop(adapter.engine_name, None)
-            if not Path(adapter.path).exists():  # deleted since this gateway last listed it
-                raise ModelNotFound() from None
+            gone = isinstance(exc, LookupError) or getattr(exc, "status_code", None) == 404
+            if gone or (self._adapters is None and not Path(adapter.path).exists()):
+                raise ModelNotFound() from None  # deleted since this gateway last listed it
             log.error("loading an adapter failed with %s", type(exc).__name__)
+            if getattr(exc, "status_code", None) == 502:  # refused: a wrong hash, cut short
+                raise EngineFailed(
+                    f"The adapter could not be loaded: {exc}", status_code=502
+                ) from None
             raise EngineFailed("The adapter could not be loaded.") from None
+
+    async def _load(self, adapter: AdapterRef) -> Any:
+        if self._adapters is not None and adapter.sha256:
+            request = adapter_admin.LoadRequest(adapter.engine_name, None, adapter.sha256)
+            return await adapter_admin.load_requested(self.engine, request, self._adapters)
+        return await adapter_admin.load(self.engine, adapter.engine_name, adapter.path)
 
     def start_unload(self, engine_name: str) -> None:
         self._loaded.pop(engine_name, None)  # a later upload of the same id loads afresh

@@ -1,19 +1,23 @@
-"""Adapter storage: validate fully in memory, then write atomically under the adapter store.
+"""Adapter uploads: validate fully in memory, then store the files once per content
+(tenancy/adapters/store.py: the database or a directory, LORAGATE_ADAPTER_STORE), in the
+transaction that records the version, so a failure leaves nothing.
 
-Layout: <store>/<owner tenant id or "public">/<adapter id>/{adapter_config.json, ...}. Files are
-written to a hidden temporary directory and renamed into place, so a failure leaves nothing.
+Versions stored before the content-addressed store keep their own directory,
+<store>/<owner tenant id or "public">/<adapter id>/, removed with them.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import uuid
+from collections.abc import Iterable
 from pathlib import Path
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tenancy.adapters.archive import UploadedFile, collect_files
 from tenancy.adapters.errors import AdapterRejected
+from tenancy.adapters.store import BLOBS_DIR, AdapterStore, BundleStream, StoredBundle
 from tenancy.adapters.validation import AdapterValidator, ValidatedAdapter
 from tenancy.settings import TenancySettings
 
@@ -26,6 +30,7 @@ class AdapterService:
         self._limits = settings.adapter_limits
         self._base_model_name = settings.base_model.name
         self._validator = validator
+        self.store = AdapterStore(settings.adapter_store, self._root)
 
     def check_name(self, name: str) -> str:
         if len(name) > self._limits.max_name_length or not _NAME.fullmatch(name) or ".." in name:
@@ -43,28 +48,38 @@ class AdapterService:
     def prepare(self, uploads: list[UploadedFile]) -> ValidatedAdapter:
         return self._validator.validate(collect_files(uploads, self._limits))
 
-    def write(self, *, owner: str | None, adapter_id: str, adapter: ValidatedAdapter) -> Path:
-        parent = self._root / (owner or "public")
-        parent.mkdir(parents=True, exist_ok=True)
-        final = parent / adapter_id
-        tmp = parent / f".tmp-{uuid.uuid4().hex}"
-        tmp.mkdir()
-        try:
-            for name, data in adapter.files.items():
-                with open(tmp / name, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return final
+    async def write(self, session: AsyncSession, *, adapter: ValidatedAdapter) -> StoredBundle:
+        """Store the files (once per content) in `session`'s transaction: the version's row
+        takes the returned hash and path."""
+        return await self.store.put(session, adapter.files)
 
-    def remove(self, path: str | Path) -> None:
-        target = Path(path).resolve()
-        if self._root.resolve() in target.parents:
-            shutil.rmtree(target, ignore_errors=True)
+    async def release(
+        self, session: AsyncSession, *, sha256: str, storage_path: str | None
+    ) -> list[Path]:
+        """After a version's row is deleted (same transaction): its blob goes if no other
+        version shares it. The directories to `remove` once the transaction commits."""
+        gone = await self.store.release(session, sha256)
+        if storage_path is not None and BLOBS_DIR not in Path(storage_path).parts:
+            gone.append(Path(storage_path))  # a version's own directory from before the store
+        return gone
+
+    async def collect_garbage(self, session: AsyncSession) -> None:
+        """Blobs no version names any more (a tenant's went with it by cascade)."""
+        self.remove(await self.store.collect_garbage(session))
+
+    async def open_bundle(
+        self, sessionmaker: async_sessionmaker[AsyncSession], adapter_id: str
+    ) -> BundleStream | None:
+        return await self.store.open_bundle(sessionmaker, adapter_id)
+
+    def remove(self, paths: str | Path | Iterable[Path] | None) -> None:
+        """Delete directories under the store (anything else is left alone)."""
+        if paths is None:
+            return
+        for path in [Path(paths)] if isinstance(paths, (str, Path)) else paths:
+            target = Path(path).resolve()
+            if self._root.resolve() in target.parents:
+                shutil.rmtree(target, ignore_errors=True)
 
     def remove_owner(self, owner: str) -> None:
         """Every adapter file of one tenant (its directory, leftovers of failed writes too)."""

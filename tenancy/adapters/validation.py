@@ -8,7 +8,6 @@ here, the one place the two meet.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -19,6 +18,7 @@ from lora.adapter_format import (
     WEIGHTS_FILE,
     AdapterError,
     BytesSource,
+    bundle_sha256,
     check_adapter,
 )
 from tenancy.adapters.base_model import base_model_dims
@@ -40,7 +40,7 @@ class LoraSpec:
 class ValidatedAdapter:
     spec: LoraSpec
     files: Mapping[str, bytes]
-    sha256: str  # over the weights file
+    sha256: str  # of its bundle (lora/adapter_format/bundle.py): its address in the store
     size_bytes: int
 
 
@@ -77,6 +77,6 @@ class FormatChecksValidator:
         return ValidatedAdapter(
             spec=spec,
             files=files,
-            sha256=hashlib.sha256(weights).hexdigest(),
+            sha256=bundle_sha256(files),
             size_bytes=sum(len(v) for v in files.values()),
         )

@@ -56,12 +56,12 @@ async def register_adapter(
         )
     ).first()
     adapter_id = new_id()
-    path = service.write(owner=tenant_id, adapter_id=adapter_id, adapter=validated)
+    stored = await service.write(session, adapter=validated)  # once per content (its sha256)
     spec = validated.spec
     row = Adapter(
         id=adapter_id, owner_tenant_id=tenant_id, name=name, base_model=spec.base_model,
         rank=spec.rank, alpha=spec.alpha, target_modules=list(spec.target_modules),
-        sha256=validated.sha256, size_bytes=validated.size_bytes, storage_path=str(path),
+        sha256=stored.sha256, size_bytes=validated.size_bytes, storage_path=stored.storage_path,
         status="ready", version=latest.version + 1 if latest is not None else 1,
     )  # fmt: skip
     try:
@@ -78,8 +78,7 @@ async def register_adapter(
             point_alias(session, ctx=ctx, alias=alias, version=row)
         await session.commit()
     except BaseException as exc:
-        await session.rollback()
-        service.remove(path)
+        await session.rollback()  # the blob too, when this upload added it
         if isinstance(exc, IntegrityError):
             # Two uploads of one name at once: both took the same next number; one wins.
             raise Conflict(
@@ -177,8 +176,9 @@ async def delete_adapter(
         session, ctx=ctx, action="adapter.delete", object_type="adapter", object_id=adapter_id,
         tenant_id=row.owner_tenant_id, before=before, after=None,
     )  # fmt: skip
+    gone = await service.release(session, sha256=row.sha256, storage_path=row.storage_path)
     await session.commit()
-    service.remove(row.storage_path)
+    service.remove(gone)
     return adapter_id
 
 
@@ -217,8 +217,11 @@ async def delete_name(
             session, ctx=ctx, action="adapter.delete", object_type="adapter", object_id=row.id,
             tenant_id=row.owner_tenant_id, before=before, after=None,
         )  # fmt: skip
+    gone = [
+        path
+        for row in versions
+        for path in await service.release(session, sha256=row.sha256, storage_path=row.storage_path)
+    ]
     await session.commit()
-    for row in versions:
-        if row.storage_path is not None:
-            service.remove(row.storage_path)
+    service.remove(gone)
     return [row.id for row in versions]

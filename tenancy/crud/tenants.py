@@ -121,6 +121,7 @@ async def delete_tenant(
     await session.commit()
     if service is not None:
         service.remove_owner(tenant_id)
+        await service.collect_garbage(session)  # blobs only its versions named
     return adapter_ids
 
 

@@ -22,6 +22,7 @@ SERVER_ONLY = {
     "port",
     "admin_token_env",
     "otel_endpoint",
+    "adapter_source",  # the embedded engine reads the store itself
 }
 
 # A value other than the default for every option (lora_modules needs enable_lora).
@@ -36,7 +37,8 @@ VALUES = {
     "prepack_weights": "false", "fused_layer_ops": "false", "native_matmul": "off",
     "native_decode_step": "false", "grammar_cache_entries": "8",
     "grammar_compile_timeout_s": "3.5", "grammar_compile_nice": "0", "tune": "true",
-    "tuning_file": "/tmp/tuning.json",
+    "tuning_file": "/tmp/tuning.json", "adapter_cache_dir": "/tmp/adapters",
+    "adapter_cache_gb": "0.5",
 }  # fmt: skip
 
 

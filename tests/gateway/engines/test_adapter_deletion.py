@@ -1,11 +1,10 @@
 """Deleting an adapter, or its tenant, through the admin API unloads it from the engine that
 holds it (issue 10: it used to stay loaded and keep serving from memory after its files were
-gone), and the files are gone."""
+gone), and its bytes are gone from the store."""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from gateway_harness import ADMIN_CTX, Gateway
 from gateway.demo.adapters import demo_adapter_files
 from tenancy.auth.bootstrap import bootstrap_admin
 from tenancy.crud.adapters import register_adapter
+from tenancy.sql.models import AdapterBlob
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -39,6 +39,11 @@ async def _adapter(gw: Gateway, tenant_id: str, name: str, seed: int) -> Any:
 async def _held(gw: Gateway, adapter_id: str) -> bool:
     engine = gw.state.engine.engine  # type: ignore[attr-defined]
     return bool(await engine.run_in_loop(lambda e: e.lora.registry.get(adapter_id) is not None))
+
+
+async def _stored(gw: Gateway, sha256: str) -> bool:
+    async with gw.state.tenancy.sessionmaker() as session:
+        return await session.get(AdapterBlob, sha256) is not None
 
 
 async def _until_unloaded(gw: Gateway, adapter_id: str) -> None:
@@ -68,11 +73,11 @@ async def test_deleting_an_adapter_or_its_tenant_unloads_it(gateway: Gateway) ->
     )
     assert r.status_code == 204, r.text
     await _until_unloaded(gateway, first.id)
-    assert not Path(first.storage_path).exists()
+    assert not await _stored(gateway, first.sha256)  # its blob went with its only version
     assert await _use(gateway, tenant, "first") == 404
     assert await _held(gateway, second.id)  # the other one stays
 
     r = await gateway.client.delete(f"/admin/v1/tenants/{tenant.tenant_id}", headers=admin)
     assert r.status_code == 204, r.text
     await _until_unloaded(gateway, second.id)
-    assert not Path(second.storage_path).exists()
+    assert not await _stored(gateway, second.sha256)

@@ -3,7 +3,7 @@ naming the problem, leaving nothing on disk or in the database."""
 
 from __future__ import annotations
 
-import hashlib
+import io
 import json
 import shutil
 from collections.abc import Callable, Iterator
@@ -24,10 +24,11 @@ from admin_harness import Harness, admin_harness
 from sqlalchemy import func, select
 from tenancy_factories import ADMIN_CTX, SecretRegistry
 
+from lora.adapter_format import bundle_sha256, read_bundle
 from tenancy.crud.adapters import delete_adapter
 from tenancy.crud.tenants import delete_tenant
 from tenancy.settings import BaseModelSpec, TenancySettings
-from tenancy.sql.models import Adapter, AuditEvent
+from tenancy.sql.models import Adapter, AdapterBlob, AuditEvent
 
 Q = "base_model.model.model.layers.0.self_attn.q_proj"
 
@@ -46,6 +47,19 @@ async def _tenant(h: Harness) -> str:
 
 def _multipart(files: dict[str, bytes]) -> list[tuple[str, tuple[str, bytes]]]:
     return [("files", (name, data)) for name, data in files.items()]
+
+
+async def stored_files(h: Harness, sha256: str) -> dict[str, bytes]:
+    """An adapter's files as the store holds them (the database store: one blob per content)."""
+    async with h.runtime.sessionmaker() as session:
+        blob = await session.get(AdapterBlob, sha256)
+    assert blob is not None and blob.data is not None
+    return read_bundle(io.BytesIO(blob.data), max_bytes=len(blob.data))
+
+
+async def num_blobs(h: Harness) -> int:
+    async with h.runtime.sessionmaker() as session:
+        return int(await session.scalar(select(func.count(AdapterBlob.sha256))) or 0)
 
 
 async def upload(h: Harness, tenant_id: str, files: dict[str, bytes], name: str = "my-lora") -> Any:
@@ -70,11 +84,10 @@ async def test_peft_adapter_is_accepted_and_listed(
     assert body["rank"] == 8 and body["alpha"] == 16.0
     assert body["target_modules"] == ["q_proj", "v_proj", "down_proj"]
     weights = peft_files["adapter_model.safetensors"]
-    assert body["sha256"] == hashlib.sha256(weights).hexdigest()
+    assert body["sha256"] == bundle_sha256(peft_files)  # its bundle's: its address in the store
     listed = (await h.call("GET", f"/tenants/{tid}/adapters")).json()
     assert [a["name"] for a in listed] == ["my-lora"]
-    stored = Path(h.runtime.settings.adapter_store_dir) / tid / body["id"]
-    assert (stored / "adapter_model.safetensors").read_bytes() == weights
+    assert (await stored_files(h, body["sha256"]))["adapter_model.safetensors"] == weights
     # the same adapter as one archive of each kind, and a public one
     for i, archive in enumerate([("a.zip", zip_bytes), ("a.tar.gz", targz_bytes)]):
         nested = {f"adapter/{k}": v for k, v in peft_files.items()}
@@ -88,7 +101,8 @@ async def test_peft_adapter_is_accepted_and_listed(
     r = await h.call("GET", f"/tenants/{other}/adapters/{body['id']}")
     assert r.status_code == 404
     r = await h.call("DELETE", f"/tenants/{tid}/adapters/{body['id']}")
-    assert r.status_code == 204 and not stored.exists()
+    # Every upload above held the same files: one blob, kept while any version names it.
+    assert r.status_code == 204 and await num_blobs(h) == 1
 
 
 def _cases(peft: dict[str, bytes]) -> list[tuple[str, dict[str, bytes], str, str]]:
@@ -186,6 +200,7 @@ async def _refused_leaving_nothing(h: Harness, r: Any, words: str) -> None:
     assert words.lower() in error["message"].lower() or words == error["param"], error
     store = Path(h.runtime.settings.adapter_store_dir)
     assert not store.exists() or not [p for p in store.rglob("*") if p.is_file()]
+    assert await num_blobs(h) == 0
     async with h.runtime.sessionmaker() as session:
         assert await session.scalar(select(func.count(Adapter.id))) == 0
         n = await session.scalar(
@@ -287,18 +302,17 @@ async def test_deleting_a_tenant_removes_its_adapter_files(
     r = await h.call("POST", "/adapters", data={"name": "shared"}, files=_multipart(peft_files))
     public_id = r.json()["id"]
     store = Path(h.runtime.settings.adapter_store_dir)
-    assert (store / gone / ids[0] / "adapter_model.safetensors").is_file()
-    (store / gone / ".tmp-crashed").mkdir()  # what a write cut short would leave
+    (store / gone / ".tmp-crashed").mkdir(parents=True)  # a pre-blob-store write cut short
     async with h.runtime.sessionmaker() as session:
         deleted = await delete_tenant(
             session, ctx=ADMIN_CTX, tenant_id=gone, service=h.runtime.adapters
         )
     assert sorted(deleted) == sorted(ids)  # the names engines hold them under, to unload
     assert not (store / gone).exists()
-    assert (store / kept / kept_id / "adapter_model.safetensors").is_file()
-    assert (store / "public" / public_id / "adapter_model.safetensors").is_file()
+    assert await num_blobs(h) == 1  # the kept and the public version still name the content
     async with h.runtime.sessionmaker() as session:
         deleted_one = await delete_adapter(
             session, ctx=ADMIN_CTX, service=h.runtime.adapters, tenant_id=kept, adapter_id=kept_id
         )
-    assert deleted_one == kept_id and not (store / kept / kept_id).exists()
+    assert deleted_one == kept_id and await num_blobs(h) == 1  # the public one still does
+    assert public_id

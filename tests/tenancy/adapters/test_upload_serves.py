@@ -6,6 +6,7 @@ adapters both the upload checks and the engine's loader accept."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import warnings
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from engine.loop.llm_engine import LLMEngine
 from engine.models.hf_config import load_model_config
 from engine.step.lora_setup import model_dims
 from gateway.demo.adapters import write_demo_adapter
+from lora.adapter_format import read_bundle
 from lora.loader import LoaderLimits, load_adapter
 from tenancy.adapters.base_model import base_model_spec
 from tenancy.adapters.validation import FormatChecksValidator
@@ -75,7 +77,14 @@ async def test_rank_pattern_upload_is_served_with_peft_parity(
         )
         assert r.status_code == 201, r.text
         assert r.json()["rank"] == 16
-        stored = Path(settings.adapter_store_dir) / tenant / r.json()["id"]
+        # What an engine unpacks: the bundle the store serves for this version.
+        bundle = await h.runtime.adapters.open_bundle(h.runtime.sessionmaker, r.json()["id"])
+        assert bundle is not None and bundle.sha256 == r.json()["sha256"]
+        data = b"".join([chunk async for chunk in bundle.chunks])
+        stored = tmp_path / "stored"
+        stored.mkdir()
+        for name, content in read_bundle(io.BytesIO(data), max_bytes=len(data)).items():
+            (stored / name).write_bytes(content)
 
     prompts = random_prompts(seed=31, lengths=LENGTHS, vocab=2600)
     tokens, logits = _engine_run(tiny_model_dir, stored, prompts)
