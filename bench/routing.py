@@ -1,12 +1,19 @@
-"""Engine routing: cache-aware against least-loaded, on one fleet, in the same run.
+"""Engine routing: cache-aware against least-loaded, on identical fleets, in the same run.
 
-Three `loragate engine` servers on the tiny model (one thread each, 0.5 GiB of KV cache) and two
-gateways in front of them (one worker each, HTTP engine mode), one per routing policy
-(`LORAGATE_ENGINE_ROUTING=cache_aware` and `least_loaded`). Each gateway has its own 24 tenants
-(so its own cache salts: one policy's requests never hit blocks the other's left), each tenant
-two conversations that open with the tenant's system prompt. A turn is a streamed completion
+For each routing policy (`LORAGATE_ENGINE_ROUTING=cache_aware` and `least_loaded`) a fleet of
+three `loragate engine` servers on the tiny model (one thread each) and one gateway in front of
+it (one worker, HTTP engine mode): one fleet each, so neither policy's requests evict or find
+the other's blocks, and the idle fleet costs nothing while the other runs. Each gateway has
+its own 24 tenants, each tenant two conversations that open with the tenant's system prompt. A turn is a streamed completion
 of the conversation so far (token ids, greedy, `ignore_eos`); the next turn appends a reply and
 a new message (seeded token ids: the same conversations for both policies).
+
+The KV cache is what routing saves, so its size sets the regime. By default each engine has
+0.3 GiB (39k tokens of the tiny model in float32, 8 KiB a token): the working set at the last
+turn (48 conversations of about 1,300 tokens, 61k) fits in the three engines together, not in one,
+which is why a fleet has more than one engine. `--kv-cache-gb 1` gives every engine room for the
+whole working set; then a least-loaded fleet also finds most earlier turns on whichever
+engine it picks, and the ratios shrink (bench/RESULTS.md has both).
 
 Rounds interleave: round k sends turn k of every conversation of one policy, then of the other
 (the first policy alternates), in a seeded shuffled order, a fixed number in flight. Reported per
@@ -190,13 +197,15 @@ def summarize(results: list[tuple[float, int, int]], replicas: dict[str, Any]) -
     }
 
 
-def start_fleet(procs: Processes, model: Path, num_engines: int) -> list[str]:
+def start_fleet(
+    procs: Processes, name: str, model: Path, num_engines: int, kv_cache_gb: float
+) -> list[str]:
     ports = [free_port() for _ in range(num_engines)]
     started = []
     for i, port in enumerate(ports):
-        started.append(procs.start(f"engine-{i}", [
+        started.append(procs.start(f"{name}-engine-{i}", [
             str(BIN / "loragate"), "engine", "--model", str(model), "--served-model-name", "tiny",
-            "--port", str(port), "--threads", "1", "--kv-cache-memory-gb", "0.5",
+            "--port", str(port), "--threads", "1", "--kv-cache-memory-gb", str(kv_cache_gb),
         ]))  # fmt: skip
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     for proc, url in zip(started, urls, strict=True):
@@ -237,6 +246,7 @@ def main() -> int:
     parser.add_argument("--model", type=Path, default=ROOT / ".cache/models/tiny")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engines", type=int, default=3)
+    parser.add_argument("--kv-cache-gb", type=float, default=0.3, help="KV cache per engine")
     args = parser.parse_args()
     shape = QUICK if args.quick else FULL
     if not (args.model / "config.json").is_file():
@@ -249,9 +259,14 @@ def main() -> int:
     started = time.monotonic()
     try:
         redis_url = start_redis(procs)
-        urls = start_fleet(procs, args.model, args.engines)
+        fleets = {
+            policy: start_fleet(procs, policy, args.model, args.engines, args.kv_cache_gb)
+            for policy in POLICIES
+        }
         gateways = {
-            policy: start_gateway(procs, policy, args.model, urls, redis_url, shape.num_tenants)
+            policy: start_gateway(
+                procs, policy, args.model, fleets[policy], redis_url, shape.num_tenants
+            )
             for policy in POLICIES
         }
         convs = {
@@ -293,7 +308,8 @@ def main() -> int:
             "ttft_p50": a["ttft_p50_ms"] / b["ttft_p50_ms"],
         },
         "max_over_mean_load": {p: policies[p]["max_over_mean_load"] for p in POLICIES},
-        "shape": vars(shape) | {"num_engines": args.engines, "seed": args.seed},
+        "shape": vars(shape)
+        | {"num_engines": args.engines, "kv_cache_gb": args.kv_cache_gb, "seed": args.seed},
         "commit": commit(),
         "cpu": next(
             (
