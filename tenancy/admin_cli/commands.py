@@ -11,6 +11,16 @@ from collections.abc import Callable
 from typing import Any
 
 from tenancy.admin_cli import profile, render
+from tenancy.admin_cli.aliases import (
+    CommandMisuse,
+    adapters_alias,
+    adapters_aliases,
+    adapters_canary,
+    adapters_canary_clear,
+    adapters_delete_alias,
+    adapters_switch,
+    adapters_versions,
+)
 from tenancy.admin_cli.client import AdminApiError, AdminClient, ConnectionFailed
 from tenancy.admin_cli.preflight import UploadLimits, check_upload
 from tenancy.admin_cli.spend import prices_list, prices_set, spend
@@ -40,7 +50,8 @@ LIMITS = [("requests_per_minute", "requests/min"), ("tokens_per_minute", "tokens
           ("monthly_spend_budget_micros", "spend/month (micro)")]  # fmt: skip
 STATE = [("name", "limit"), ("limit", "max"), ("used", "used"), ("remaining", "remaining"),
          ("resets_in_s", "resets in (s)")]  # fmt: skip
-ADAPTER = [("id", "id"), ("name", "name"), ("owner_tenant_id", "owner"), ("status", "status"),
+ADAPTER = [("id", "id"), ("name", "name"), ("version", "version"), ("owner_tenant_id", "owner"),
+           ("status", "status"),
            ("rank", "rank"), ("size_bytes", "bytes"), ("created_at", "uploaded")]  # fmt: skip
 UPLOAD_LIMITS = [("max_rank", "max rank"), ("max_upload_bytes", "max bytes"),
                  ("max_files", "max files"), ("max_safetensors_header_bytes", "max header bytes"),
@@ -198,7 +209,9 @@ def adapters_upload(c: AdminClient, a: argparse.Namespace) -> None:
         limits = _upload_limits(c)
         if limits is not None:
             check_upload(a.source, files_of(a.source), name=a.name, limits=limits)
-        created = upload(c, path, name=a.name, source=a.source, quiet=a.json)
+        created = upload(
+            c, path, name=a.name, source=a.source, quiet=a.json, activate=not a.no_activate
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     _show(a, created, ADAPTER)
@@ -229,6 +242,13 @@ class UsageError(Exception):
 
 # handlers named by parser.py, kept elsewhere
 __all__ = [
+    "adapters_alias",
+    "adapters_aliases",
+    "adapters_canary",
+    "adapters_canary_clear",
+    "adapters_delete_alias",
+    "adapters_switch",
+    "adapters_versions",
     "prices_list",
     "prices_set",
     "spend",
@@ -284,7 +304,7 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
             if getattr(args, "tenant", None):
                 args.tenant = resolve_tenant(client, args.tenant)
             handler(client, args)
-    except UsageError as exc:
+    except (UsageError, CommandMisuse) as exc:
         print(f"loragate admin: {exc}", file=sys.stderr)
         return 2
     except (AdminApiError, ConnectionFailed, TenantNotFound) as exc:

@@ -174,12 +174,18 @@ def add_rest_commands(admin: Any) -> None:
     p.epilog = UPLOAD_EPILOG
     _tenant(p, optional=True)
     p.add_argument("source", type=Path, metavar="DIR|ARCHIVE")
-    p.add_argument("--name", required=True, help="the name clients use as `model`")
+    p.add_argument("--name", required=True, help="the name clients use as `model`; a name "
+                   "uploaded again becomes its next version")  # fmt: skip
     p.add_argument("--public", action="store_true", help="visible to every tenant (admin)")
+    p.add_argument("--no-activate", action="store_true",
+                   help="stage the new version: the name's alias stays where it is (the first "
+                   "version of a name always creates it)")  # fmt: skip
     _command(adapters, "limits", "adapters_limits", "what an upload must fit (server)", common)
-    p = _command(adapters, "delete", "adapters_delete", "delete an adapter", common)
+    p = _command(adapters, "delete", "adapters_delete",
+                 "delete an adapter version (refused while an alias serves it)", common)  # fmt: skip
     _tenant(p)
     p.add_argument("adapter")
+    _alias_commands(adapters, common)
 
     p = _command(admin, "usage", "usage", "usage per day and model", common)
     _tenant(p)
@@ -221,6 +227,34 @@ def add_rest_commands(admin: Any) -> None:
     p.add_argument("--url", required=True, help="the gateway, e.g. https://gateway.example")
     p.add_argument("--profile", default=None)
     p.set_defaults(handler=functools.partial(_run, "login"))
+
+
+def _alias_commands(adapters: Any, common: Any) -> None:
+    """TENANT's adapter names, or --public ones: versions and the alias (a rollback is a
+    switch)."""
+    for verb, handler, text in (
+        ("versions", "adapters_versions", "the versions of an adapter name"),
+        ("aliases", "adapters_aliases", "the aliases: the version each serves, any canary"),
+        ("alias", "adapters_alias", "one alias"),
+        ("switch", "adapters_switch", "point the alias at a version (also: a rollback); "
+         "drops a canary"),
+        ("canary", "adapters_canary", "send WEIGHT percent of the alias's requests to VERSION"),
+        ("canary-clear", "adapters_canary_clear", "every request to the alias's version again"),
+        ("delete-alias", "adapters_delete_alias", "delete the alias (--with-versions: and "
+         "every version of the name)"),
+    ):  # fmt: skip
+        p = _command(adapters, verb, handler, text, common)
+        _tenant(p, optional=True)
+        p.add_argument("--public", action="store_true", help="a public adapter name (admin)")
+        if verb != "aliases":
+            p.add_argument("name", metavar="NAME", help="the adapter name")
+        if verb in ("switch", "canary"):
+            p.add_argument("version", metavar="VERSION", type=int, help="1, 2, ...")
+        if verb == "canary":
+            p.add_argument("weight", metavar="WEIGHT", type=int, help="percent, 1-99")
+        if verb == "delete-alias":
+            p.add_argument("--with-versions", action="store_true")
+            p.add_argument("--yes", action="store_true", help="confirm --with-versions")
 
 
 def _webhook_commands(admin: Any, common: Any) -> None:

@@ -48,11 +48,12 @@ def files_of(source: Path) -> list[Path]:
     raise ValueError(f"{source}: no such file or directory")
 
 
-def _parts(name: str, files: list[Path], boundary: str) -> list[Part]:
+def _parts(name: str, files: list[Path], boundary: str, *, activate: bool = True) -> list[Part]:
+    fields = {"name": name, "activate": "true" if activate else "false"}
     parts = [Part(
-        f'--{boundary}\r\nContent-Disposition: form-data; name="name"\r\n\r\n{name}'.encode(),
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"\r\n\r\n{value}'.encode(),
         None, 0,
-    )]  # fmt: skip
+    ) for field, value in fields.items()]  # fmt: skip
     for path in files:
         filename = path.name.replace('"', "_")
         head = (
@@ -63,10 +64,13 @@ def _parts(name: str, files: list[Path], boundary: str) -> list[Part]:
     return parts
 
 
-def upload(client: AdminClient, path: str, *, name: str, source: Path, quiet: bool) -> object:
+def upload(
+    client: AdminClient, path: str, *, name: str, source: Path, quiet: bool, activate: bool = True
+) -> object:
+    """`activate` False: the new version is staged, the name's alias stays where it is."""
     files = files_of(source)
     boundary = "lgboundary" + secrets.token_hex(12)
-    parts = _parts(name, files, boundary)
+    parts = _parts(name, files, boundary, activate=activate)
     tail = f"--{boundary}--\r\n".encode()
     length = sum(len(p.head) + p.size + 2 for p in parts) + len(tail)
     progress = Progress(

@@ -151,8 +151,11 @@ async def delete_adapter(
     tenant_id: str,
     adapter_id: str,
 ) -> str:
-    """Returns the deleted adapter's id, the name engines hold it under (for the caller to
-    unload it there); its files are gone once the row is."""
+    """Delete one version. Refused (409, naming the alias) while an alias serves it as its
+    version or its canary and the name has other versions: switch the alias first. The name's
+    only version goes with its alias (as deleting an adapter did before versions). Returns the
+    deleted version's id, the name engines hold it under (for the caller to unload it there);
+    its files are gone once the row is."""
     require_any_admin(ctx.principal)
     row = await load_adapter(
         session, principal=ctx.principal, tenant_id=tenant_id, adapter_id=adapter_id
@@ -160,7 +163,7 @@ async def delete_adapter(
     if row.owner_tenant_id is None:
         require_admin(ctx.principal)  # public adapters belong to the operator
     holders = await aliases_holding(session, row.id)
-    if holders:
+    if holders and await _has_other_versions(session, row):
         alias = holders[0]
         role = "its version" if alias.version_id == row.id else "its canary"
         raise Conflict(
@@ -170,6 +173,10 @@ async def delete_adapter(
             f"{alias.name}?with_versions=true).",
             param="adapter_id",
         )
+    for alias in holders:  # the name's only version: its alias has nothing else to serve
+        await remove_alias(session, ctx=ctx, alias=alias)
+    if holders:
+        await session.flush()  # the alias goes first: it holds its version (RESTRICT)
     before = snapshot(row)
     await session.delete(row)
     record_event(
@@ -180,6 +187,15 @@ async def delete_adapter(
     await session.commit()
     service.remove(gone)
     return adapter_id
+
+
+async def _has_other_versions(session: AsyncSession, row: Adapter) -> bool:
+    query = select(Adapter.id).where(
+        owned_by(Adapter.owner_tenant_id, row.owner_tenant_id),
+        Adapter.name == row.name,
+        Adapter.id != row.id,
+    )
+    return (await session.scalars(query.limit(1))).first() is not None
 
 
 async def delete_name(

@@ -208,6 +208,36 @@ def test_adapters(cli: Cli, tiny_model_dir: Path, tmp_path: Path) -> None:
     assert code == 2 and "TENANT given twice" in err
 
 
+def test_adapter_versions_and_aliases(cli: Cli, tiny_model_dir: Path, tmp_path: Path) -> None:
+    tenant = _tenant(cli, "cli-versions")
+    source = _adapter_dir(tiny_model_dir, tmp_path / "peft")
+    v1 = cli.json("adapters", "upload", tenant, str(source), "--name", "support")
+    v2 = cli.json("adapters", "upload", tenant, str(source), "--name", "support", "--no-activate")
+    assert (v1["version"], v2["version"]) == (1, 2) and v1["id"] != v2["id"]
+    assert [v["version"] for v in cli.json("adapters", "versions", tenant, "support")] == [1, 2]
+    assert cli.json("adapters", "alias", tenant, "support")["version"] == 1  # v2 was staged
+    assert cli.json("adapters", "switch", tenant, "support", "2")["version"] == 2
+    canary = cli.json("adapters", "canary", tenant, "support", "1", "10")
+    assert (canary["version"], canary["canary_version"], canary["canary_weight"]) == (2, 1, 10)
+    code, _, err = cli.run("adapters", "delete", tenant, v1["id"])
+    assert code == 1 and "alias 'support'" in err and "its canary" in err
+    assert cli.json("adapters", "canary-clear", tenant, "support")["canary_version"] is None
+    code, _, err = cli.run("adapters", "switch", tenant, "support", "1")  # a rollback
+    assert code == 0 and "now serves version 1" in err
+    listed = cli.json("adapters", "aliases", tenant)
+    assert [(a["name"], a["version"]) for a in listed if a["name"] == "support"] == [("support", 1)]
+    assert isinstance(cli.json("adapters", "aliases", "--public"), list)
+    code, _, err = cli.run("adapters", "alias", "support")  # neither TENANT nor --public
+    assert code == 2 and "TENANT, or --public" in err
+    code, _, err = cli.run("adapters", "delete-alias", tenant, "support", "--with-versions")
+    assert code == 2 and "--yes" in err
+    code, _, err = cli.run(
+        "adapters", "delete-alias", tenant, "support", "--with-versions", "--yes"
+    )
+    assert code == 0 and "every version" in err
+    assert cli.json("adapters", "versions", tenant, "support") == []
+
+
 def test_upload_progress_and_server_validation_error(
     gateway_proc: GatewayProcess, tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -1,8 +1,8 @@
 """Adapter versions and aliases through the admin API (issue 44, item 2): each upload of a name
 is its next version; the alias moves with it unless the upload stages it; switch, canary,
-rollback; a version an alias points at cannot be deleted (409 naming the alias); a name goes
-with its alias and versions at once; ids are never reused; a version's price carries over;
-tenants reach only their own versions."""
+rollback; a version an alias points at cannot be deleted (409 naming the alias) unless it is
+the name's only one (the alias goes with it); a name goes with its alias and versions at once;
+ids are never reused; a version's price carries over; tenants reach only their own versions."""
 
 from __future__ import annotations
 
@@ -77,11 +77,10 @@ async def test_versions_switch_canary_rollback_and_guarded_deletes(h: Harness) -
     assert (await h.call("PUT", f"{aliases}/support", json={"version": 1})).status_code == 404
     assert (await h.call("DELETE", f"{path}/{staged['id']}")).status_code == 204
 
-    # the last version goes with its alias: the alias first, or both at once
-    assert (await h.call("DELETE", f"{path}/{v2['id']}")).status_code == 409
-    assert (await h.call("DELETE", f"{aliases}/support")).status_code == 204
-    assert (await h.call("GET", f"{aliases}/support")).status_code == 404
+    # the name's only version goes with its alias: nothing is left for the alias to serve
     assert (await h.call("DELETE", f"{path}/{v2['id']}")).status_code == 204
+    assert (await h.call("GET", f"{aliases}/support")).status_code == 404
+    assert (await h.call("GET", f"{path}?name=support")).json() == []
 
     events = (await h.call("GET", f"/audit?tenant_id={tid}&limit=100")).json()
     actions = [e["action"] for e in events if e["object_type"] == "adapter_alias"]
@@ -97,6 +96,10 @@ async def test_a_name_goes_at_once_and_ids_are_never_reused(h: Harness) -> None:
     tid = await _tenant(h, "acme")
     path, aliases = f"/tenants/{tid}/adapters", f"/tenants/{tid}/adapter-aliases"
     first = [(await _upload(h, path, "sql", seed=s)).json()["id"] for s in (1, 2)]
+    # the alias alone: `sql` is a 404 from then on, its versions stay (deletable one by one)
+    assert (await h.call("DELETE", f"{aliases}/sql")).status_code == 204
+    assert len((await h.call("GET", f"{path}?name=sql")).json()) == 2
+    assert (await h.call("PUT", f"{aliases}/sql", json={"version": 2})).status_code == 200
     r = await h.call("DELETE", f"{aliases}/sql?with_versions=true")
     assert r.status_code == 204
     assert (await h.call("GET", f"{path}?name=sql")).json() == []
