@@ -9,11 +9,13 @@ of the conversation so far (token ids, greedy, `ignore_eos`); the next turn appe
 a new message (seeded token ids: the same conversations for both policies).
 
 The KV cache is what routing saves, so its size sets the regime. By default each engine has
-0.3 GiB (39k tokens of the tiny model in float32, 8 KiB a token): the working set at the last
-turn (48 conversations of about 1,300 tokens, 61k) fits in the three engines together, not in one,
-which is why a fleet has more than one engine. `--kv-cache-gb 1` gives every engine room for the
-whole working set; then a least-loaded fleet also finds most earlier turns on whichever
-engine it picks, and the ratios shrink (bench/RESULTS.md has both).
+0.2 GiB (26k tokens of the tiny model in float32, 8 KiB a token): the conversations' working set
+(48 prompts, 12k tokens at the first turn, 33k at the fourth, 61k at the eighth) fits in the
+three engines' caches together throughout, and in one engine's only for the first three turns:
+the regime where a fleet's cache grows with its engines only if routing splits the working set
+between them. With more cache an engine keeps every conversation's earlier turns, so a
+least-loaded fleet finds most of a prompt on whichever engine it picks and the ratios shrink
+(`--kv-cache-gb`; bench/RESULTS.md has 0.2, 0.3 and 1 GiB).
 
 Rounds interleave: round k sends turn k of every conversation of one policy, then of the other
 (the first policy alternates), in a seeded shuffled order, a fixed number in flight. Reported per
@@ -214,10 +216,18 @@ def start_fleet(
 
 
 def start_gateway(
-    procs: Processes, policy: str, model: Path, urls: list[str], redis_url: str, num: int
+    procs: Processes,
+    policy: str,
+    model: Path,
+    urls: list[str],
+    redis_url: str,
+    num: int,
+    load_factor: float | None,
 ) -> tuple[str, list[str]]:
     env = gateway_env(procs, f"gw-{policy}", model, urls, redis_url)
     env["LORAGATE_ENGINE_ROUTING"] = policy
+    if load_factor is not None:
+        env["LORAGATE_ENGINE_ROUTING_LOAD_FACTOR"] = str(load_factor)
     admin = asyncio.run(bootstrap(env))
     port = free_port()
     proc = procs.start(f"gw-{policy}", [str(BIN / "loragate"), "serve", "--port", str(port),
@@ -246,7 +256,10 @@ def main() -> int:
     parser.add_argument("--model", type=Path, default=ROOT / ".cache/models/tiny")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engines", type=int, default=3)
-    parser.add_argument("--kv-cache-gb", type=float, default=0.3, help="KV cache per engine")
+    parser.add_argument(
+        "--load-factor", type=float, help="cache_aware's load bound (default: the setting's)"
+    )
+    parser.add_argument("--kv-cache-gb", type=float, default=0.2, help="KV cache per engine")
     args = parser.parse_args()
     shape = QUICK if args.quick else FULL
     if not (args.model / "config.json").is_file():
@@ -265,7 +278,13 @@ def main() -> int:
         }
         gateways = {
             policy: start_gateway(
-                procs, policy, args.model, fleets[policy], redis_url, shape.num_tenants
+                procs,
+                policy,
+                args.model,
+                fleets[policy],
+                redis_url,
+                shape.num_tenants,
+                args.load_factor,
             )
             for policy in POLICIES
         }
@@ -309,7 +328,12 @@ def main() -> int:
         },
         "max_over_mean_load": {p: policies[p]["max_over_mean_load"] for p in POLICIES},
         "shape": vars(shape)
-        | {"num_engines": args.engines, "kv_cache_gb": args.kv_cache_gb, "seed": args.seed},
+        | {
+            "num_engines": args.engines,
+            "kv_cache_gb": args.kv_cache_gb,
+            "load_factor": args.load_factor,
+            "seed": args.seed,
+        },
         "commit": commit(),
         "cpu": next(
             (

@@ -37,7 +37,7 @@ def test_the_prefix_replica_comes_first_within_capacity() -> None:
 
 
 def test_an_overloaded_prefix_replica_spills() -> None:
-    replicas = fleet(6, 1, 1)  # capacity: ceil(1.25 * 9 / 3) = 4
+    replicas = fleet(6, 1, 1)  # capacity: ceil(1.5 * 9 / 3) = 5
     route = cache_aware(replicas, adapter=None, anchor=7, match=Match(0, 3))
     assert route.order[0].index != 0 and route.reason is Reason.SPILL
     assert route.order[1].index == 0  # still next: a failure of the first falls back to it
