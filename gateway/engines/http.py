@@ -277,7 +277,7 @@ class HttpEngineClient:
             log.warning("replica %s could not load an adapter (%d)", replica.name, r.status_code)
             # The engine's reason (a hash that does not match, a truncated transfer) is about
             # the adapter, not a secret: the client sees it.
-            reason = _error_for(r.status_code, r.content).message
+            reason = _error_for(400, r.content).message  # the engine's own words
             raise _TryNext(
                 EngineFailed(f"The adapter could not be loaded: {reason}", status_code=502)
             )

@@ -6,6 +6,8 @@ quota store (the distributed compose file's path), and two `vllm serve --tokens-
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import sys
 import uuid
 from collections.abc import Iterator
@@ -18,18 +20,30 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "gateway"))  # engine_process
 # The dashboard's browser fixtures are here so that every dashboard test module shares one world.
 from dashboard_world import chromium, driver, world  # noqa: F401
 from gateway_process import GatewayProcess, gateway_env, start_gateway
+from server_process import free_port
 
 ENGINE_KINDS = ["embedded", "loragate-http", pytest.param("vllm", marks=pytest.mark.vllm)]
 
 
-def _engine_env(kind: str, request: pytest.FixtureRequest, workdir: Path) -> dict[str, str]:
-    """The gateway's engine settings for `kind`, starting (and finalizing) its engines."""
+def _engine_env(
+    kind: str, request: pytest.FixtureRequest, workdir: Path, gateway_port: int
+) -> dict[str, str]:
+    """The gateway's engine settings for `kind`, starting (and finalizing) its engines. The
+    loragate engines fetch adapters from the gateway (on `gateway_port`, once it runs) with the
+    engine token, in working directories of their own; vLLM loads from the directory store."""
+    extra: dict[str, str] = {}
     if kind == "embedded":
         return {}
     if kind == "loragate-http":
         from engine_processes import start_engines
 
-        engines = start_engines(request.getfixturevalue("tiny_model_dir"), workdir, 2)
+        token = secrets.token_urlsafe(32)
+        extra["LORAGATE_ENGINE_ADMIN_TOKEN"] = token
+        engines = start_engines(
+            request.getfixturevalue("tiny_model_dir"), workdir, 2,
+            "--adapter-source", f"http://127.0.0.1:{gateway_port}",
+            env={**os.environ, "LORAGATE_ENGINE_ADMIN_TOKEN": token}, own_cwd=True,
+        )  # fmt: skip
         for engine in engines:
             request.addfinalizer(engine.kill)
         urls = [e.url for e in engines]
@@ -37,7 +51,9 @@ def _engine_env(kind: str, request: pytest.FixtureRequest, workdir: Path) -> dic
     else:
         urls = [s.url for s in request.getfixturevalue("vllm_servers")]
         kind_name = "vllm"
+        extra["LORAGATE_ADAPTER_STORE"] = "directory"
     return {
+        **extra,
         "LORAGATE_ENGINE_MODE": "http",
         "LORAGATE_ENGINE_KIND": kind_name,
         "LORAGATE_ENGINE_URLS": json.dumps(urls),
@@ -55,8 +71,10 @@ def gateway_proc(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[GatewayProcess]:
     workdir = tmp_path_factory.mktemp(f"e2e-gateway-{request.param}")
-    env = gateway_env(tiny_model_dir, workdir, **_engine_env(request.param, request, workdir))
-    gateway = start_gateway(env, workdir)
+    port = free_port()
+    engines = _engine_env(request.param, request, workdir, port)
+    env = gateway_env(tiny_model_dir, workdir, **engines)
+    gateway = start_gateway(env, workdir, port=port)
     try:
         yield gateway
     finally:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,22 +44,36 @@ def session_tuning_file() -> list[str]:
     return [] if path is None else ["--tuning-file", path]
 
 
-def start_engines(model_dir: Path, workdir: Path, count: int, *args: str) -> list[EngineProcess]:
+def start_engines(
+    model_dir: Path,
+    workdir: Path,
+    count: int,
+    *args: str,
+    env: dict[str, str] | None = None,
+    own_cwd: bool = False,
+    per_engine: Callable[[int], list[str]] | None = None,
+) -> list[EngineProcess]:
     """`count` engines on this machine's cores, which they share with the gateways and the test:
     each gets an even share of torch threads (at least one), as a deployment of several engines
     per machine would set `--threads`. At the default (every core each) their OpenMP teams
-    oversubscribe the cores and every step slows down."""
+    oversubscribe the cores and every step slows down. `own_cwd`: each runs in a fresh
+    directory of its own under `workdir` (sharing no files with anything else); `per_engine`:
+    the i-th engine's extra arguments."""
     threads = max(1, (os.cpu_count() or 1) // count)
     engines = []
     try:
-        for _ in range(count):
+        for i in range(count):
             port = free_port()
             log_path = workdir / f"engine-{port}.log"
+            cwd = workdir / f"engine-{port}" if own_cwd else None
+            if cwd is not None:
+                cwd.mkdir()
+            extra = per_engine(i) if per_engine is not None else []
             proc = start_logged(
                 [str(BIN / "loragate"), "engine", "--model", str(model_dir), "--port", str(port),
                  "--served-model-name", "tiny", "--num-kv-blocks", "512", "--max-num-seqs", "16",
-                 "--threads", str(threads), *session_tuning_file(), *args],
-                log_path,
+                 "--threads", str(threads), *session_tuning_file(), *args, *extra],
+                log_path, env=env, cwd=cwd,
             )  # fmt: skip
             engines.append(EngineProcess(f"http://127.0.0.1:{port}", proc, log_path))
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

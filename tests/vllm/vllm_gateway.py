@@ -48,6 +48,9 @@ def vllm_gateway_env(
         "LORAGATE_ENGINE_KIND": "vllm",
         "LORAGATE_ENGINE_URLS": json.dumps([s.url for s in servers]),
         "LORAGATE_ENGINE_POLL_INTERVAL_S": "0.3",
+        # vLLM loads from the directory store's paths here (one machine); tests/vllm/
+        # test_adapter_resolver.py fetches from the database store through the plugin.
+        "LORAGATE_ADAPTER_STORE": "directory",
     }
     return gateway_env(model_dir, workdir, **{**settings, **extra})
 

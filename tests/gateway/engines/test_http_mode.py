@@ -55,6 +55,9 @@ async def live(
         engine_mode="http",
         engine_urls=[e.url for e in engines],
         engine_poll_interval_s=0.3,
+        # These engines have no adapter source (the gateway's URL is known only once it runs):
+        # they load from the directory store's paths, as before the blob store.
+        adapter_store="directory",
         quota_store="redis",
         redis_url=redis_server_url,
         redis_key_prefix=f"lgtest:{uuid.uuid4().hex[:12]}:",
