@@ -33,11 +33,18 @@ LIMITS = {
 }  # fmt: skip
 POLICY = {**LIMITS, "tenant_id": TENANT_ID, "api_key_id": None}
 ADAPTER = {
-    "id": ADAPTER_ID, "owner_tenant_id": TENANT_ID, "name": "support-bot", "base_model": "tiny",
-    "rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"],
+    "id": ADAPTER_ID, "owner_tenant_id": TENANT_ID, "name": "support-bot", "version": 2,
+    "base_model": "tiny", "rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"],
     "sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
     "size_bytes": 131072, "status": "ready", "created_at": WHEN,
 }  # fmt: skip
+CANARY_ID = "6e5d4c3b-2a1f-4e0d-9c8b-7a6f5e4d3c2b"
+ALIAS = {
+    "owner_tenant_id": TENANT_ID, "name": "support-bot", "version": 2, "version_id": ADAPTER_ID,
+    "canary_version": None, "canary_version_id": None, "canary_weight": 0, "updated_at": WHEN,
+}  # fmt: skip
+CANARY = {**ALIAS, "canary_version": 3, "canary_version_id": CANARY_ID, "canary_weight": 10}
+PUBLIC_ALIAS = {**ALIAS, "owner_tenant_id": None, "name": "sql-helper"}
 USAGE = [
     {"tenant_id": TENANT_ID, "day": "2025-01-15", "model": "tiny", "num_requests": 120,
      "prompt_tokens": 48000, "completion_tokens": 12000, "cached_tokens": 9000},
@@ -122,6 +129,8 @@ DELIVERY = {
 T = "/admin/v1/tenants/{tenant_id}"
 K = T + "/keys/{key_id}"
 W = T + "/webhook"
+A = T + "/adapter-aliases/{name}"
+P = "/admin/v1/adapter-aliases/{name}"
 
 # (method, path) -> {"request": body example (JSON routes only), "response": answer example}
 ADMIN_EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
@@ -161,6 +170,21 @@ ADMIN_EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
     ("get", T + "/adapters"): {"response": [ADAPTER]},
     ("get", T + "/adapters/{adapter_id}"): {"response": ADAPTER},
     ("delete", T + "/adapters/{adapter_id}"): {},
+    ("get", "/admin/v1/adapters"): {"response": [{**ADAPTER, "owner_tenant_id": None}]},
+    ("get", T + "/adapter-aliases"): {"response": [ALIAS, PUBLIC_ALIAS]},
+    ("get", A): {"response": ALIAS},
+    ("put", A): {"request": {"version": 2}, "response": ALIAS},
+    ("put", A + "/canary"): {"request": {"version": 3, "weight": 10}, "response": CANARY},
+    ("delete", A + "/canary"): {"response": ALIAS},
+    ("delete", A): {},
+    ("get", "/admin/v1/adapter-aliases"): {"response": [PUBLIC_ALIAS]},
+    ("get", P): {"response": PUBLIC_ALIAS},
+    ("put", P): {"request": {"version": 2}, "response": PUBLIC_ALIAS},
+    ("put", P + "/canary"): {"request": {"version": 3, "weight": 10},
+                             "response": {**CANARY, "owner_tenant_id": None,
+                                          "name": "sql-helper"}},
+    ("delete", P + "/canary"): {"response": PUBLIC_ALIAS},
+    ("delete", P): {},
     ("get", T + "/usage"): {"response": USAGE},
     ("get", "/admin/v1/audit"): {"response": AUDIT},
     ("get", "/admin/v1/prices"): {"response": [PRICE]},
