@@ -6,53 +6,24 @@ a server-side validation error reaching the user intact."""
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import re
 import stat
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+from admin_cli_runner import MODEL, Cli
+from admin_cli_runner import adapter_dir as _adapter_dir
 from gateway_process import BIN, GatewayProcess
 
-from gateway.cli import build_parser, main
-from gateway.demo.adapters import demo_adapter_files
-from tenancy.adapters.base_model import base_model_spec
+from gateway.cli import build_parser
 
-MODEL = "tiny"
 # The CLI speaks to the API, whatever engine serves: the embedded gateway is enough.
 pytestmark = pytest.mark.parametrize("gateway_proc", ["embedded"], indirect=True)
-
-
-class Cli:
-    def __init__(self, gateway: GatewayProcess, capsys: pytest.CaptureFixture[str]) -> None:
-        self.gateway = gateway
-        self.capsys = capsys
-
-    def run(self, *argv: str, stdin: str | None = None) -> tuple[int, str, str]:
-        self.capsys.readouterr()
-        old = sys.stdin
-        if stdin is not None:
-            sys.stdin = io.StringIO(stdin)
-        try:
-            code = main(["admin", *argv])
-        except SystemExit as exc:  # argparse refuses bad arguments by exiting
-            code = int(exc.code or 0)
-        finally:
-            sys.stdin = old
-        out, err = self.capsys.readouterr()
-        return code, out, err
-
-    def json(self, *argv: str) -> Any:
-        code, out, err = self.run(*argv, "--json")
-        assert code == 0, err
-        return json.loads(out)
 
 
 @pytest.fixture
@@ -160,16 +131,6 @@ def test_quotas(cli: Cli) -> None:
     # seconds to a reset to a tenth, never a raw float's 15 digits
     rows = [line for line in out.splitlines() if line.startswith("│")]
     assert rows and not any(re.search(r"\d\.\d{3,}", row) for row in rows), out
-
-
-def _adapter_dir(tiny_model_dir: Path, target: Path, **config: Any) -> Path:
-    target.mkdir(parents=True)
-    for f in demo_adapter_files(base_model_spec(tiny_model_dir, MODEL), seed=5):
-        data = f.data
-        if f.filename == "adapter_config.json" and config:
-            data = json.dumps({**json.loads(data), **config}).encode()
-        (target / f.filename).write_bytes(data)
-    return target
 
 
 def test_adapters(cli: Cli, tiny_model_dir: Path, tmp_path: Path) -> None:
