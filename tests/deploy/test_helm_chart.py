@@ -166,3 +166,35 @@ def test_autoscaling_on_queue_depth_lists_every_ordinal() -> None:
     assert hpa["metrics"][0]["pods"]["metric"]["name"] == "vllm_num_requests_waiting"
     urls = by_kind(docs, "ConfigMap")[0]["data"]["LORAGATE_ENGINE_URLS"]
     assert urls.count("http://") == 5 and f"{RELEASE}-engine-4.{RELEASE}-engine" in urls
+
+
+@pytest.mark.parametrize("values", [{}, VLLM], ids=["loragate", "vllm"])
+def test_no_shared_adapter_volume_engines_fetch_from_the_gateway(values: dict[str, Any]) -> None:
+    """Issue 44: adapters live in the database; engines fetch them from the gateway Service with
+    the engine token into a cache on an emptyDir. No PVC, no volume shared by pods for them."""
+    docs = render(values)
+    assert by_kind(docs, "PersistentVolumeClaim") == []
+    claims = set()
+    for kind in ("Deployment", "StatefulSet", "Job"):
+        for doc in by_kind(docs, kind):
+            for volume in doc["spec"]["template"]["spec"].get("volumes", []):
+                if "persistentVolumeClaim" in volume:
+                    claims.add(volume["persistentVolumeClaim"]["claimName"])
+                else:
+                    assert "emptyDir" in volume, volume
+    assert claims == {"loragate-models"}  # the checkpoint, read-only; nothing for adapters
+    engine_pod = by_kind(docs, "StatefulSet")[0]["spec"]["template"]["spec"]
+    assert {"name": "adapter-cache", "emptyDir": {"sizeLimit": "5Gi"}} in engine_pod["volumes"]
+    gateway = next(d for d in by_kind(docs, "Service") if d["metadata"]["name"].endswith("gateway"))
+    source = f"http://{gateway['metadata']['name']}:{gateway['spec']['ports'][0]['port']}"
+    engine = _engine(docs)
+    env = {e["name"]: e for e in engine.get("env", [])}
+    assert "secretKeyRef" in env["LORAGATE_ENGINE_ADMIN_TOKEN"]["valueFrom"]
+    if values:  # vLLM: the resolver plugin reads its settings from the environment
+        assert env["LORAGATE_ADAPTER_SOURCE"]["value"] == source
+    else:
+        args = engine["args"]
+        assert args[args.index("--adapter-source") + 1] == source
+        assert args[args.index("--adapter-cache-dir") + 1] == "/cache/adapters"
+        build_parser().parse_args(args)
+    assert by_kind(docs, "ConfigMap")[0]["data"]["LORAGATE_ADAPTER_STORE"] == "database"

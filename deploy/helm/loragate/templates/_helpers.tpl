@@ -33,3 +33,9 @@
 app.kubernetes.io/name: loragate-engine
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+
+
+{{/* Where engines fetch adapters: the gateway Service (any replica serves any adapter). */}}
+{{- define "loragate.adapterSource" -}}
+http://{{ .Release.Name }}-gateway:80
+{{- end -}}
