@@ -6,12 +6,17 @@ ids are never reused; a version's price carries over; tenants reach only their o
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
-from admin_harness import Harness
+import pytest
+from admin_harness import Harness, admin_harness
 from tenancy_factories import SecretRegistry
 
 from gateway.demo.adapters import demo_adapter_files
+from tenancy.settings import TenancySettings
 
 
 async def _tenant(h: Harness, name: str) -> str:
@@ -34,6 +39,38 @@ async def _upload(
 
 
 async def test_versions_switch_canary_rollback_and_guarded_deletes(h: Harness) -> None:
+    await _lifecycle(h)
+
+
+@pytest.mark.postgres
+async def test_the_same_on_postgres_and_concurrent_switches_serialize(
+    make_settings: Callable[..., TenancySettings],
+    postgres_url: str,
+    secret_registry: SecretRegistry,
+) -> None:
+    async with admin_harness(make_settings(database_url=postgres_url)) as h:
+        secret_registry.add(h.admin_key)
+        await _lifecycle(h)
+        tid = await _tenant(h, "racer")
+        ids = [(await _upload(h, f"/tenants/{tid}/adapters", "hot", seed=s)).json()["id"]
+               for s in (1, 2, 3)]  # fmt: skip
+        alias = f"/tenants/{tid}/adapter-aliases/hot"
+        switched = f"/audit?tenant_id={tid}&action=alias.switch"
+        by_uploads = {e["id"] for e in (await h.call("GET", switched)).json()}
+        wanted = [1 + i % 3 for i in range(24)]
+        answers = await asyncio.gather(*(h.call("PUT", alias, json={"version": v}) for v in wanted))
+        assert [a.status_code for a in answers] == [200] * len(wanted)
+        final = (await h.call("GET", alias)).json()
+        events = [e for e in (await h.call("GET", switched)).json() if e["id"] not in by_uploads]
+        assert len(events) == len(wanted)
+        # one after another (the row locked): each switch saw the state the one before it
+        # left, so the befores are the first state and every after but the last
+        befores = Counter(e["before"]["version_id"] for e in events)
+        afters = Counter(e["after"]["version_id"] for e in events)
+        assert befores == Counter([ids[2]]) + afters - Counter([final["version_id"]])
+
+
+async def _lifecycle(h: Harness) -> None:
     tid = await _tenant(h, "acme")
     path, aliases = f"/tenants/{tid}/adapters", f"/tenants/{tid}/adapter-aliases"
     v1 = (await _upload(h, path, "support", seed=1)).json()
