@@ -86,7 +86,14 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
-vllm-venv: $(VLLM_STAMP)
+# loragate's LoRA resolver plugin (lora/remote/vllm_plugin.py) in that venv: loragate itself,
+# editable and without its dependencies, for its `vllm.general_plugins` entry point.
+VLLM_PLUGIN_STAMP := $(VLLM_VENV)/.loragate-plugin
+$(VLLM_PLUGIN_STAMP): $(VLLM_STAMP) pyproject.toml
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	touch $(VLLM_PLUGIN_STAMP)
+
+vllm-venv: $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)
 
 # LiteLLM's proxy, the gateway benchmark's peer (bench/gateway_litellm.py), in a venv of its own.
 # 1.106.12: the newest whose [proxy] extra resolves from PyPI here (1.108-1.110 pin
@@ -108,7 +115,7 @@ test-gpu: $(STAMP)
 
 # The gateway on real `vllm serve --enable-scale-out` servers (tests/vllm, and the OpenAI SDK session
 # of tests/e2e on vLLM engines); the first run builds the venv above.
-test-vllm: $(STAMP) $(VLLM_STAMP)
+test-vllm: $(STAMP) $(VLLM_STAMP) $(VLLM_PLUGIN_STAMP)
 	LORAGATE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -m vllm $(PYTEST_ARGS)
 
 # The throughput benchmarks run loragate beside vLLM (offline, from the venv above) and

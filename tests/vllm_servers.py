@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,9 +86,16 @@ class VllmServer:
 
 
 def start_vllm(
-    model_dir: Path, workdir: Path, count: int, *extra: tuple[str, ...]
+    model_dir: Path,
+    workdir: Path,
+    count: int,
+    *extra: tuple[str, ...],
+    env_for: Callable[[int], dict[str, str]] | None = None,
+    own_cwd: bool = False,
 ) -> list[VllmServer]:
-    """`count` servers, `extra[i]` added to server i's flags; returns once all answer /health."""
+    """`count` servers, `extra[i]` added to server i's flags, `env_for(i)` to its environment;
+    `own_cwd`: each in a fresh directory of its own under `workdir`. Returns once all answer
+    /health."""
     python = vllm_python()
     if python is None:
         raise RuntimeError("no vLLM venv: `make vllm-venv`")
@@ -97,11 +104,15 @@ def start_vllm(
         for i in range(count):
             port = free_port()
             log_path = workdir / f"vllm-{port}.log"
+            cwd = workdir / f"vllm-{port}" if own_cwd else None
+            if cwd is not None:
+                cwd.mkdir()
+            env = {**vllm_env(), **(env_for(i) if env_for is not None else {})}
             proc = start_logged(
                 [str(python), str(VLLM_CLI), "serve", str(model_dir), "--host", "127.0.0.1",
                  "--port", str(port), "--served-model-name", "tiny", *SERVE_ARGS,
                  *(extra[i] if i < len(extra) else ())],
-                log_path, env=vllm_env(), new_session=True,
+                log_path, env=env, cwd=cwd, new_session=True,
             )  # fmt: skip
             servers.append(VllmServer(f"http://127.0.0.1:{port}", proc, log_path))
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -59,6 +59,7 @@ class FetchedAdapters:
         self._sources: dict[str, tuple[str, str]] = {}  # directory -> (adapter id, sha256)
         self._locks: dict[str, threading.Lock] = {}  # per sha256: one fetch at a time
         self._guard = threading.Lock()
+        self._by_id: dict[str, str] = {}  # adapter id -> sha256, from materialize_reported
 
     def materialize(self, adapter_id: str, sha256: str) -> str:
         """The local directory of `adapter_id`'s files whose bundle hashes to `sha256`."""
@@ -73,6 +74,20 @@ class FetchedAdapters:
                 self.cache.unpin(sha256)
         with self._guard:
             self._sources[str(path)] = (adapter_id, sha256)
+        return str(path)
+
+    def materialize_reported(self, adapter_id: str) -> str:
+        """For a caller that knows only the id (vLLM's resolver): the hash checked is the one
+        the store sends with the bytes (ids are immutable versions, so it is remembered)."""
+        with self._guard:
+            known = self._by_id.get(adapter_id)
+        if known is not None:
+            return self.materialize(adapter_id, known)
+        with self._lock_for("id:" + adapter_id):
+            path = self._fetch(adapter_id, None)
+            self.cache.unpin(path.name)
+        with self._guard:
+            self._sources[str(path)] = (adapter_id, path.name)
         return str(path)
 
     @contextlib.contextmanager
@@ -97,12 +112,20 @@ class FetchedAdapters:
         with self._guard:
             return self._locks.setdefault(sha256, threading.Lock())
 
-    def _fetch(self, adapter_id: str, sha256: str) -> Path:
-        """Fetch, check, unpack, insert (pinned). The caller holds the hash's lock."""
+    def _fetch(self, adapter_id: str, expected: str | None) -> Path:
+        """Fetch, check (against `expected`, else the hash the store reports), unpack, insert
+        (pinned). The caller holds the hash's lock."""
         with tempfile.TemporaryFile(dir=self.cache.root) as spool:
             writer = _HashingWriter(spool)
             try:
-                self.fetcher.fetch(adapter_id, writer, max_bytes=self.max_bundle_bytes)  # type: ignore[arg-type]
+                reported = self.fetcher.fetch(adapter_id, writer, max_bytes=self.max_bundle_bytes)  # type: ignore[arg-type]
+                sha256 = expected or reported
+                if not is_sha256(sha256):
+                    raise AdapterFetchError(
+                        f"adapter {adapter_id[:80]!r}: the store sent no hash to check; refused",
+                        param="lora_name",
+                    )
+                assert sha256 is not None
                 got = writer.digest.hexdigest()
                 if got != sha256:
                     raise AdapterFetchError(
@@ -127,6 +150,8 @@ class FetchedAdapters:
                 f"adapter {adapter_id[:80]!r} is larger than the adapter cache", param="lora_name"
             )
         path = self.cache.insert(sha256, tmp)
+        with self._guard:
+            self._by_id[adapter_id] = sha256
         self.stats.num_fetches += 1
         self.stats.num_bytes += writer.num_bytes
         log.info(
