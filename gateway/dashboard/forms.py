@@ -33,6 +33,7 @@ FLASHES = {
     "quota-saved": "Limits saved.",
     "quota-unchanged": "Nothing changed: no field was edited.",
     "adapter-uploaded": "Adapter uploaded.",
+    "alias-switched": "Alias switched: every gateway serves the new version within seconds.",
 }
 
 

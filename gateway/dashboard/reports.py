@@ -36,7 +36,8 @@ NUM_AUDIT_ROWS = 200  # on the page; the CSV holds up to NUM_CSV_ROWS
 NUM_CSV_ROWS = 10_000
 ACTIONS = (
     "tenant.create", "tenant.update", "tenant.delete", "tenant.rotate_salt", "key.create",
-    "key.rotate", "key.revoke", "quota.put", "adapter.create", "adapter.delete",
+    "key.rotate", "key.revoke", "quota.put", "adapter.create", "adapter.delete", "alias.create",
+    "alias.switch", "alias.canary_set", "alias.canary_clear", "alias.delete",
 )  # fmt: skip
 CSV_COLUMNS = (
     "created_at", "tenant_id", "actor", "actor_name", "action", "object_type", "object_id",
