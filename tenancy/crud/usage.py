@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from tenancy.auth.principal import Principal
 from tenancy.crud.tenants import load_tenant
+from tenancy.crud.usage_copy import can_copy, copy_records
 from tenancy.ids import ApiKeyId, RequestId, TenantId, new_id
 from tenancy.schemas import UsageRow
 from tenancy.sql.models import UsageRecord
@@ -55,13 +56,16 @@ async def record_usage(session: AsyncSession, *, record: UsageIn) -> bool:
 async def record_usage_batch(session: AsyncSession, *, records: list[UsageIn]) -> int:
     """Write many records in one transaction; on a duplicate request id, fall back to one by
     one (so a retried settlement never drops the others). Returns how many were new."""
-    # Shallow (vars, not asdict): asdict deep-copies every datetime, per record.
-    rows = [
-        {"id": new_id(), "day": r.finished_at.astimezone(dt.UTC).date(), **vars(r)} for r in records
-    ]
     try:
-        # A Core executemany INSERT, not the unit of work: the ledger is write-heavy.
-        await session.execute(insert(cast(Table, UsageRecord.__table__)), rows)
+        if can_copy(session):  # PostgreSQL: one binary COPY (tenancy/crud/usage_copy.py)
+            await copy_records(session, records)
+        else:  # a Core executemany INSERT, not the unit of work: the ledger is write-heavy
+            # Shallow (vars, not asdict): asdict deep-copies every datetime, per record.
+            rows = [
+                {"id": new_id(), "day": r.finished_at.astimezone(dt.UTC).date(), **vars(r)}
+                for r in records
+            ]
+            await session.execute(insert(cast(Table, UsageRecord.__table__)), rows)
         await session.commit()
     except IntegrityError:
         await session.rollback()
