@@ -3,8 +3,8 @@ against a real `loragate serve` (the world of tests/e2e/dashboard_world.py), at 
 1280 px and a phone's 390 px in the same browser, as an admin and as a tenant-admin, each
 checked against the admin API afterwards. Every new page is saved as a screenshot (with
 UPDATE_DASHBOARD_SCREENSHOTS=1 also under docs/screenshots/, what docs/dashboard.md shows) and
-must be readable at both widths. Switching an adapter's alias or version is not here: adapters
-have neither yet.
+must be readable at both widths. An adapter's alias is switched between its versions with the
+form on the adapters page.
 
 The module makes tenants of its own (the world's acme and globex are other modules' numbers),
 and shares one browser across its tests.
@@ -42,6 +42,7 @@ from dashboard_pages import open_page
 from dashboard_world import MODEL, World, chat, sdk
 from selenium import webdriver
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
 
 pytestmark = pytest.mark.browser
 WIDTHS = (1280, 390)
@@ -275,6 +276,33 @@ def test_adapters_upload_with_progress_and_refusals_in_place(
     at(d, 1280)
     open_page(d, world, f"/dashboard/tenants/{shop.id}/adapters")
     shots(world, d, "adapters")
+
+
+def test_an_alias_is_switched_between_versions(
+    world: World, d: webdriver.Chrome, shop: Shop, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    files = adapter_files(tmp_path, tiny_model_dir, "versions", rank=8)
+    for _ in range(2):  # versions 1 and 2 of one name; the alias follows the second
+        r = world.gateway.admin(
+            "POST", f"/tenants/{shop.id}/adapters", data={"name": "switched"},
+            files=[("files", (Path(f).name, Path(f).read_bytes())) for f in files],
+        )  # fmt: skip
+        assert r.status_code == 201, r.text
+    alias = f"/tenants/{shop.id}/adapter-aliases/switched"
+    for (user, key), width, version in zip(
+        (("ta", shop.admin_key), ("admin", world.gateway.admin_key)), WIDTHS, (1, 2), strict=True
+    ):
+        as_user(d, world, key)
+        at(d, width)
+        open_page(d, world, f"/dashboard/tenants/{shop.id}/adapters")
+        Select(d.find_element(By.ID, "switch-switched")).select_by_value(str(version))
+        submit(d, '[data-alias="switched"] [data-action="switch"]')
+        assert flash(d).startswith("Alias switched"), user
+        row = d.find_element(By.CSS_SELECTOR, '[data-alias="switched"]').text
+        assert str(version) in row
+        assert api(world, alias)["version"] == version
+    at(d, 1280)
+    shots(world, d, "adapters-aliases")
 
 
 def test_usage_over_a_time_range_per_key_and_per_model(
