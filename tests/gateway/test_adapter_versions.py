@@ -237,3 +237,42 @@ async def test_another_replica_sees_a_switch_within_its_cache_ttl(gateway: Gatew
     while await version() != 1:
         await asyncio.sleep(0.02)
     assert loop.time() - switched_at <= ttl_s + 0.2
+
+
+async def test_public_names_and_a_tenants_own_name_hiding_them(gateway: Gateway) -> None:
+    gw = gateway
+    admin = await _admin(gw)
+    files = [
+        ("files", (f.filename, f.data))
+        for f in demo_adapter_files(gw.state.settings.base_model, seed=51)
+    ]
+    for activate in ("true", "false"):  # public versions 1 and 2; the alias stays on 1
+        r = await gw.client.post(
+            "/admin/v1/adapters", headers=admin, files=files,
+            data={"name": "shared", "activate": activate},
+        )  # fmt: skip
+        assert r.status_code == 201, r.text
+    public = {v["version"]: v["id"] for v in (
+        await gw.client.get("/admin/v1/adapters?name=shared", headers=admin)).json()}  # fmt: skip
+    reader, owner = await gw.tenant(), await gw.tenant()
+
+    async def served(tenant: Any, model: str) -> str | None:
+        ctx = await gw.state.policy.authenticate(tenant.headers["authorization"])
+        resolved = await gw.state.policy.resolve(ctx, model)
+        return resolved.adapter.adapter_id if resolved.adapter else None
+
+    assert await served(reader, "shared") == public[1]
+    assert await served(reader, "shared@2") == public[2]
+    # a tenant's own name hides the public one, its versions too
+    r = await gw.client.post(
+        f"/admin/v1/tenants/{owner.tenant_id}/adapters", headers=admin, files=files,
+        data={"name": "shared"},
+    )  # fmt: skip
+    own = r.json()["id"]
+    assert await served(owner, "shared") == own and await served(owner, "shared@1") == own
+    assert (await _complete(gw, owner.headers, "shared@2")).status_code == 404
+    # the admin switches the public alias; a tenant admin could not
+    r = await gw.client.put("/admin/v1/adapter-aliases/shared", headers=admin, json={"version": 2})
+    assert r.status_code == 200
+    assert await served(reader, "shared") == public[2]
+    assert await served(owner, "shared") == own
