@@ -322,29 +322,25 @@ class AdapterFetchCollector(Collector):
     """Adapters fetched from the gateway's store (lora/remote/): fetches, refusals, bytes, and
     the disk cache they are kept in."""
 
-    def __init__(self, adapters: FetchedAdapters) -> None:
+    def __init__(self, adapters: FetchedAdapters, model_name: str) -> None:
         self._adapters = adapters
+        self._model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
         stats, cache = self._adapters.stats, self._adapters.cache
-        yield CounterMetricFamily(
-            "loragate:adapter_fetches", "Adapter bundles fetched, hash checked and unpacked.",
-            value=stats.num_fetches,
-        )  # fmt: skip
-        yield CounterMetricFamily(
-            "loragate:adapter_fetch_refusals",
-            "Adapter bundles fetched and refused (a wrong hash, a truncated transfer, a bad form).",
-            value=stats.num_refused,
-        )
-        yield CounterMetricFamily(
-            "loragate:adapter_fetch_bytes", "Bytes of the adapter bundles fetched.",
-            value=stats.num_bytes,
-        )  # fmt: skip
-        yield GaugeMetricFamily(
-            "loragate:adapter_cache_bytes", "Bytes of unpacked adapters in the disk cache.",
-            value=cache.num_bytes,
-        )  # fmt: skip
-        yield CounterMetricFamily(
-            "loragate:adapter_cache_evictions", "Adapters evicted from the disk cache.",
-            value=cache.stats.num_evictions,
-        )  # fmt: skip
+        rows: list[tuple[type[CounterMetricFamily | GaugeMetricFamily], str, str, float]] = [
+            (CounterMetricFamily, "fetches", "adapter bundles fetched, hash checked and unpacked",
+             stats.num_fetches),
+            (CounterMetricFamily, "fetch_refusals", "adapter bundles fetched and refused (a "
+             "wrong hash, a truncated transfer, a malformed bundle)", stats.num_refused),
+            (CounterMetricFamily, "fetch_bytes", "bytes of the adapter bundles fetched",
+             stats.num_bytes),
+            (GaugeMetricFamily, "disk_cache_bytes", "bytes of fetched adapters on local disk",
+             cache.num_bytes),
+            (CounterMetricFamily, "disk_cache_evictions", "fetched adapters evicted from the "
+             "local disk", cache.stats.num_evictions),
+        ]  # fmt: skip
+        for kind, name, doc, value in rows:
+            family = kind(f"loragate_engine_adapter_{name}", doc, labels=["model_name"])
+            family.add_metric([self._model_name], value)
+            yield family

@@ -353,7 +353,7 @@ def create_app(
     app.state.admin_token = admin_token  # for the adapter endpoints
     app.state.adapters = adapters
     if adapters is not None:
-        app.state.metrics.registry.register(AdapterFetchCollector(adapters))
+        app.state.metrics.registry.register(AdapterFetchCollector(adapters, engine.model_name))
     app.state.max_body_bytes = max_body_bytes
     app.state.tracer = tracer
     app.state.created = int(time.time())

@@ -28,6 +28,13 @@ from lora.remote.fetched import FetchedAdapters, fetched_adapters
 
 log = logging.getLogger(__name__)
 RESOLVER_NAME = "loragate"
+# What it reads (docs/operations.md names them; tests/docs checks that against this).
+ENVIRONMENT = (
+    "LORAGATE_ADAPTER_SOURCE",
+    "LORAGATE_ENGINE_ADMIN_TOKEN",
+    "LORAGATE_ADAPTER_CACHE_DIR",
+    "LORAGATE_ADAPTER_CACHE_GB",
+)
 
 
 class GatewayResolver:

@@ -24,22 +24,34 @@ def _zeros(cls: type) -> dict[str, Any]:
 
 def exported_metrics() -> set[str]:
     """The names a scrape shows: counters with `_total`, gauges and histograms as named."""
+    import tempfile
+    from pathlib import Path
+
     from prometheus_client import CollectorRegistry
 
-    from engine.metrics import EngineMetrics
+    from engine.metrics import AdapterFetchCollector, EngineMetrics
     from engine.outputs import EngineStats, LoRAStats
     from gateway.telemetry.metrics import GatewayMetrics
     from gateway.telemetry.routing import RoutingCollector
+    from lora.remote.disk_cache import DiskCache
+    from lora.remote.fetched import FetchedAdapters
 
     stats = EngineStats(**{**_zeros(EngineStats), "lora": LoRAStats(**_zeros(LoRAStats))})
     routing = CollectorRegistry()  # the HTTP engine client's, on the gateway's registry
     routing.register(RoutingCollector([]))
+    fetching = CollectorRegistry()  # an engine server's with --adapter-source
+    with tempfile.TemporaryDirectory() as cache_dir:
+        adapters = FetchedAdapters(DiskCache(Path(cache_dir), max_bytes=1), fetcher=None)  # type: ignore[arg-type]
+        fetching.register(AdapterFetchCollector(adapters, "docs"))
+        fetched = {
+            family.name + "_total" * (family.type == "counter") for family in fetching.collect()
+        }
     registries = [
         GatewayMetrics(max_tenants=1, max_models=1).registry,
         EngineMetrics(model_name="docs", stats=lambda: stats).registry,
         routing,
     ]
-    return {
+    return fetched | {
         family.name + ("_total" if family.type == "counter" else "")
         for registry in registries
         for family in registry.collect()

@@ -152,9 +152,10 @@ def test_settings_table_defaults_match_the_code() -> None:
 
 
 def test_every_setting_named_in_the_docs_exists() -> None:
+    from lora.remote.vllm_plugin import ENVIRONMENT as PLUGIN  # vLLM's plugin's (and engines')
     from tenancy.admin_cli.profile import ENVIRONMENT  # the admin CLI's, not the gateway's
 
-    actual = set(settings_variables()) | set(ENVIRONMENT)
+    actual = set(settings_variables()) | set(ENVIRONMENT) | set(PLUGIN)
     unknown = []
     for path in doc_files():
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):

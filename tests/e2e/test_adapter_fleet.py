@@ -74,14 +74,6 @@ def fleet(
         assert token not in engine.log_path.read_text(errors="replace")
 
 
-def _metric(engine: EngineProcess, name: str) -> float:
-    """A label-less series of the engine's /metrics."""
-    for line in httpx.get(engine.url + "/metrics", timeout=5).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} is not on the engine's /metrics")
-
-
 async def test_an_uploaded_adapter_reaches_both_engines_without_a_shared_volume(
     fleet: Fleet, tiny_model_dir: Path, tmp_path: Path, postgres_url: str
 ) -> None:
@@ -100,8 +92,8 @@ async def test_an_uploaded_adapter_reaches_both_engines_without_a_shared_volume(
                 assert r.json()["choices"][0]["token_ids"] == tokens  # PEFT parity
     sha = first.admin("GET", f"/tenants/{tenant.tenant_id}/adapters/{adapter_id}").json()["sha256"]
     for engine in fleet.engines:
-        assert _metric(engine, "loragate:adapter_fetches_total") == 1  # once each
-        assert _metric(engine, "loragate:adapter_fetch_refusals_total") == 0
+        assert engine.metric("loragate_engine_adapter_fetches_total") == 1  # once each
+        assert engine.metric("loragate_engine_adapter_fetch_refusals_total") == 0
         log = engine.log_path.read_text(errors="replace")
         assert log.count(f"fetched adapter {adapter_id} (sha256 {sha[:16]}") == 1
         assert "hash checked" in log
@@ -119,7 +111,7 @@ async def test_an_uploaded_adapter_reaches_both_engines_without_a_shared_volume(
         headers={"authorization": f"Bearer {fleet.token}"}, timeout=60,
     )  # fmt: skip
     assert r.status_code == 502 and "0" * 64 in r.json()["error"]["message"], r.text
-    assert _metric(engine, "loragate:adapter_fetch_refusals_total") == 1
+    assert engine.metric("loragate_engine_adapter_fetch_refusals_total") == 1
 
     # The stored bytes cut short: the engine that fetches them refuses, the request fails.
     listed = second.admin("GET", f"/tenants/{tenant.tenant_id}/adapters/{other_id}").json()
@@ -128,7 +120,7 @@ async def test_an_uploaded_adapter_reaches_both_engines_without_a_shared_volume(
     assert r.status_code == 502, r.text
     message = r.json()["error"]["message"]
     assert message.startswith("The adapter could not be loaded") and "refused" in message
-    assert _metric(engine, "loragate:adapter_fetch_refusals_total") == 2
-    assert _metric(engine, "loragate:adapter_fetches_total") == 1
+    assert engine.metric("loragate_engine_adapter_fetch_refusals_total") == 2
+    assert engine.metric("loragate_engine_adapter_fetches_total") == 1
     r = generate(first, tenant.key, "fleet-lora", PROMPTS[0])  # the good one still serves
     assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == expected[0]
