@@ -49,6 +49,7 @@ class Reason(StrEnum):
     LEAST_LOADED = "least_loaded"  # the least-loaded policy chose it
     RETRY = "retry"  # the replicas ahead of it failed this request
     UNHEALTHY = "unhealthy"  # no replica is healthy: tried anyway
+    ONLY = "only"  # the fleet has one replica: nothing to choose
 
 
 @dataclass(frozen=True)

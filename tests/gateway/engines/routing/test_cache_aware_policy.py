@@ -174,3 +174,18 @@ def test_a_failover_counts_as_a_retry_and_moves_the_prefix() -> None:
     assert again.match == Match(second.index, 5) and again.route.order[0] is second
     router.served(again, second)
     assert second.routing.num_expected_cached_tokens == 16  # 4 blocks: the 20th token recomputed
+
+
+def test_one_replica_is_chosen_without_keys_and_still_counted() -> None:
+    for policy in ("cache_aware", "least_loaded"):
+        router = Router(policy, block_size=BS)
+        (only,) = fleet(5)
+        prompt = list(range(20))
+        for _ in range(2):
+            plan = router.plan([only], request(prompt))
+            assert plan.route.order == [only] and plan.route.reason is Reason.ONLY
+            assert plan.keys is None and plan.match is None
+            router.served(plan, only)
+        assert only.routing.num_requests == {"only": 2}
+        assert only.routing.num_prompt_tokens == 40
+        assert only.routing.num_expected_cached_tokens == 0 and len(router.prefixes) == 0
