@@ -13,126 +13,36 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from gateway_harness import Gateway, RecordingClient
+from gateway_harness import Gateway
+from version_checks import (
+    AdapterLog,
+    admin_headers,
+    complete,
+    switch_under_load,
+    upload_version,
+)
 
-from engine.protocol import GenerateRequest
 from gateway.demo.adapters import demo_adapter_files
-from gateway.engines.api import EngineStream
-from gateway.policy import AdapterRef, PolicyService
-from tenancy.auth.bootstrap import bootstrap_admin
+from gateway.policy import PolicyService
 from tenancy.ids import ApiKeyId, TenantId
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-NUM_IN_FLIGHT = 200
 NUM_CANARY = 1_000
-
-
-class AdapterLog(RecordingClient):
-    """The real engine client, noting which adapter each engine request went to; while `gate`
-    is clear, admitted requests wait before reaching the engine (so they stay in flight)."""
-
-    def __init__(self, inner: Any) -> None:
-        super().__init__(inner)
-        self.served: list[tuple[str, str | None]] = []  # (engine request id, engine name)
-        self.gate = asyncio.Event()
-        self.gate.set()
-
-    async def open(
-        self, request: GenerateRequest, adapter: AdapterRef | None, traceparent: str | None = None
-    ) -> EngineStream:
-        self.served.append((request.request_id, adapter.engine_name if adapter else None))
-        await self.gate.wait()
-        return await super().open(request, adapter, traceparent)
-
-
-async def _admin(gw: Gateway) -> dict[str, str]:
-    runtime = gw.state.tenancy
-    async with runtime.sessionmaker() as session:
-        created = await bootstrap_admin(
-            session, minter=runtime.minter, tiers=runtime.tier_names,
-            default_tier=runtime.settings.default_tier, force=True,
-        )  # fmt: skip
-    return {"authorization": f"Bearer {gw.scan.add(created.key)}"}
-
-
-async def _upload(gw: Gateway, admin: dict[str, str], tenant_id: str, seed: int) -> Any:
-    files = demo_adapter_files(gw.state.settings.base_model, seed=seed)
-    r = await gw.client.post(
-        f"/admin/v1/tenants/{tenant_id}/adapters", headers=admin, data={"name": "support"},
-        files=[("files", (f.filename, f.data)) for f in files],
-    )  # fmt: skip
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-async def _complete(gw: Gateway, headers: dict[str, str], model: str, **body: Any) -> Any:
-    r = await gw.client.post(
-        "/v1/completions", headers=headers,
-        json={"model": model, "prompt": "Versions", "max_tokens": 1, "temperature": 0, **body},
-    )  # fmt: skip
-    return r
 
 
 async def test_versions_aliases_and_canary_under_load(gateway: Gateway) -> None:
     gw = gateway
-    admin = await _admin(gw)
+    admin = await admin_headers(gw)
     tenant = await gw.tenant()
     alias = f"/admin/v1/tenants/{tenant.tenant_id}/adapter-aliases/support"
-    v1 = await _upload(gw, admin, tenant.tenant_id, seed=21)
-    v2 = await _upload(gw, admin, tenant.tenant_id, seed=22)
+    v1 = await upload_version(gw, admin, tenant.tenant_id, seed=21)
+    v2 = await upload_version(gw, admin, tenant.tenant_id, seed=22)
     number = {v1["id"]: 1, v2["id"]: 2}
     r = await gw.client.put(alias, headers=admin, json={"version": 1})
     assert r.status_code == 200 and r.json()["version"] == 1
 
-    # 200 requests (two prompts each: two engine requests) in flight while the alias switches:
-    # the first half admitted before it (held before the engine until all 200 are in), the
-    # second half sent while the switch is under way and after
-    log = AdapterLog(gw.state.engine)
-    gw.state.engine = gw.state.lifecycle.engine = log
-    lifecycle = gw.state.lifecycle
-    body = {"prompt": ["Versions under load", "and a second prompt"], "max_tokens": 2}
-
-    async def later(delay_s: float) -> Any:
-        await asyncio.sleep(delay_s)
-        return await _complete(gw, tenant.headers, "support", **body)
-
-    async def until_in_flight(num: int) -> None:
-        deadline = asyncio.get_running_loop().time() + 60
-        while lifecycle.num_in_flight < num:
-            assert asyncio.get_running_loop().time() < deadline, lifecycle.num_in_flight
-            await asyncio.sleep(0.002)
-
-    log.gate.clear()
-    try:
-        half = NUM_IN_FLIGHT // 2
-        tasks = [asyncio.create_task(later(0)) for _ in range(half)]
-        await until_in_flight(half)
-        switch = asyncio.create_task(gw.client.put(alias, headers=admin, json={"version": 2}))
-        tasks += [asyncio.create_task(later(i * 0.001)) for i in range(half // 2)]
-        assert (await switch).status_code == 200
-        tasks += [asyncio.create_task(later(0)) for _ in range(half - half // 2)]
-        await until_in_flight(NUM_IN_FLIGHT)  # all 200 admitted, none answered yet
-        log.gate.set()
-        answers = await asyncio.gather(*tasks)
-    finally:
-        log.gate.set()
-        gw.stop_recording(log)
-    assert [a.status_code for a in answers] == [200] * NUM_IN_FLIGHT
-    assert {a.json()["model"] for a in answers} == {"support"}
-    rows = [r for r in await gw.usage_records(tenant) if r.model == "support"]
-    assert len(rows) == NUM_IN_FLIGHT
-    served_by: dict[str, set[str | None]] = {}
-    for engine_request_id, engine_name in log.served:
-        served_by.setdefault(engine_request_id.rsplit("-", 1)[0], set()).add(engine_name)
-    for row in rows:
-        assert served_by[row.request_id] == {row.adapter_id}  # both prompts, one version
-        assert row.adapter_version == number[row.adapter_id]
-    by_version = Counter(row.adapter_version for row in rows)
-    assert by_version[1] > 0 and by_version[2] > 0, by_version  # the switch came mid-load
-    assert (await _complete(gw, tenant.headers, "support")).json()["model"] == "support"
-    rows = await gw.usage_records(tenant)
-    assert max(rows, key=lambda r: r.started_at).adapter_version == 2
+    await switch_under_load(gw, admin, tenant, alias, number)
 
     # deleting what the alias points at is refused, naming it
     r = await gw.client.delete(
@@ -154,7 +64,7 @@ async def test_versions_aliases_and_canary_under_load(gateway: Gateway) -> None:
 
     async def one() -> int:
         async with gate:
-            return (await _complete(gw, tenant.headers, "support")).status_code
+            return (await complete(gw, tenant.headers, "support")).status_code
 
     assert set(await asyncio.gather(*(one() for _ in range(NUM_CANARY)))) == {200}
     split = Counter(
@@ -168,24 +78,24 @@ async def test_versions_aliases_and_canary_under_load(gateway: Gateway) -> None:
     assert (await gw.client.delete(alias + "/canary", headers=admin)).status_code == 200
     before = {r.request_id for r in await gw.usage_records(tenant)}
     for _ in range(20):
-        assert (await _complete(gw, tenant.headers, "support")).status_code == 200
+        assert (await complete(gw, tenant.headers, "support")).status_code == 200
     after = [r for r in await gw.usage_records(tenant) if r.request_id not in before]
     assert {r.adapter_version for r in after} == {1}
 
 
 async def test_name_at_version_engine_names_and_cached_prefixes(gateway: Gateway) -> None:
     gw = gateway
-    admin = await _admin(gw)
+    admin = await admin_headers(gw)
     tenant, other = await gw.tenant(), await gw.tenant()
-    v1 = await _upload(gw, admin, tenant.tenant_id, seed=31)
-    v2 = await _upload(gw, admin, tenant.tenant_id, seed=32)
+    v1 = await upload_version(gw, admin, tenant.tenant_id, seed=31)
+    v2 = await upload_version(gw, admin, tenant.tenant_id, seed=32)
     log = AdapterLog(gw.state.engine)
     gw.state.engine = gw.state.lifecycle.engine = log
     try:
         long_prompt = " ".join(f"word{i}" for i in range(120))  # several full KV blocks
         cached = {}
         for model in ("support@1", "support@1", "support@2"):
-            r = await _complete(gw, tenant.headers, model, prompt=long_prompt)
+            r = await complete(gw, tenant.headers, model, prompt=long_prompt)
             assert r.status_code == 200 and r.json()["model"] == model
             cached.setdefault(model, []).append(
                 r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -200,10 +110,10 @@ async def test_name_at_version_engine_names_and_cached_prefixes(gateway: Gateway
     assert (rows["support@2"].adapter_id, rows["support@2"].adapter_version) == (v2["id"], 2)
 
     for model in ("support@3", "support@", "support@x", "support@01x", "@1", "support@1@1"):
-        assert (await _complete(gw, tenant.headers, model)).status_code == 404, model
+        assert (await complete(gw, tenant.headers, model)).status_code == 404, model
     # another tenant names neither the alias nor a version of it
     for model in ("support", "support@1", "support@2"):
-        assert (await _complete(gw, other.headers, model)).status_code == 404, model
+        assert (await complete(gw, other.headers, model)).status_code == 404, model
     listed = (await gw.client.get("/v1/models", headers=tenant.headers)).json()["data"]
     assert [m["id"] for m in listed].count("support") == 1
     assert not any("@" in m["id"] for m in listed)  # versions are not listed
@@ -213,10 +123,10 @@ async def test_name_at_version_engine_names_and_cached_prefixes(gateway: Gateway
 
 async def test_another_replica_sees_a_switch_within_its_cache_ttl(gateway: Gateway) -> None:
     gw = gateway
-    admin = await _admin(gw)
+    admin = await admin_headers(gw)
     tenant = await gw.tenant()
-    await _upload(gw, admin, tenant.tenant_id, seed=41)
-    await _upload(gw, admin, tenant.tenant_id, seed=42)
+    await upload_version(gw, admin, tenant.tenant_id, seed=41)
+    await upload_version(gw, admin, tenant.tenant_id, seed=42)
     ttl_s = 0.5
     replica = PolicyService(
         gw.state.tenancy, base_model=gw.state.policy.base_model, cache_ttl_s=ttl_s
@@ -241,7 +151,7 @@ async def test_another_replica_sees_a_switch_within_its_cache_ttl(gateway: Gatew
 
 async def test_public_names_and_a_tenants_own_name_hiding_them(gateway: Gateway) -> None:
     gw = gateway
-    admin = await _admin(gw)
+    admin = await admin_headers(gw)
     files = [
         ("files", (f.filename, f.data))
         for f in demo_adapter_files(gw.state.settings.base_model, seed=51)
@@ -270,7 +180,7 @@ async def test_public_names_and_a_tenants_own_name_hiding_them(gateway: Gateway)
     )  # fmt: skip
     own = r.json()["id"]
     assert await served(owner, "shared") == own and await served(owner, "shared@1") == own
-    assert (await _complete(gw, owner.headers, "shared@2")).status_code == 404
+    assert (await complete(gw, owner.headers, "shared@2")).status_code == 404
     # the admin switches the public alias; a tenant admin could not
     r = await gw.client.put("/admin/v1/adapter-aliases/shared", headers=admin, json={"version": 2})
     assert r.status_code == 200
