@@ -15,7 +15,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from lora.adapter_format.bundle import CHUNK
 from lora.errors import AdapterFetchError, AdapterNotFoundError
@@ -30,6 +30,16 @@ class BundleFetcher(Protocol):
         store records for it (None if it does not say). AdapterFetchError if the store fails
         or the transfer is cut short; AdapterNotFoundError if the store has no such adapter."""
         ...
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: urllib would send the engine token on to wherever it points."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 def _error_message(body: bytes) -> str:
@@ -59,7 +69,7 @@ class HttpBundleFetcher:
         headers = {"authorization": f"Bearer {self.token}"} if self.token else {}
         request = urllib.request.Request(self.url(adapter_id), headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with _OPENER.open(request, timeout=self.timeout_s) as response:
                 return self._copy(response, out, max_bytes=max_bytes)
         except urllib.error.HTTPError as exc:
             message = _error_message(exc.read(4096))

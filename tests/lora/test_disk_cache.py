@@ -162,6 +162,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     cut = False
 
     def do_GET(self) -> None:
+        if self.path.endswith("/moved"):  # a redirect must not carry the token elsewhere
+            self.send_response(302)
+            self.send_header("location", "/internal/v1/adapters/a1")
+            self.end_headers()
+            return
         if self.headers.get("authorization") != "Bearer engine-token":
             self.send_error(401)
             return
@@ -205,3 +210,5 @@ def test_the_http_fetcher_refuses_a_body_cut_short(
     )
     with pytest.raises(AdapterFetchError, match="401"):
         denied.materialize("a1", SHA)
+    with pytest.raises(AdapterFetchError, match="302"):
+        adapters.materialize("moved", hashlib.sha256(b"moved").hexdigest())  # not followed
