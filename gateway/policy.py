@@ -260,8 +260,9 @@ class PolicyService:
         if not at:
             alias = catalog.aliases.get(model)
             return alias.pick(self.rng.randrange(100)) if alias is not None else None
-        # Adapter names never hold '@' (tenancy/adapters/service.py): `name@N` is a version.
-        if not number.isascii() or not number.isdigit() or len(number) > 9:
+        # Adapter names never hold '@' (tenancy/adapters/service.py): `name@N` is a version,
+        # N as written once (no leading zeros: one spelling, so one metrics label, per version).
+        if not number.isascii() or not number.isdigit() or len(number) > 9 or number[0] == "0":
             return None
         return catalog.versions.get((name, int(number)))
 

@@ -131,11 +131,18 @@ async def get_alias(
 ) -> AliasOut:
     await check_scope(session, principal=principal, owner=tenant_id, is_change=False)
     row = await find_alias(session, owner=tenant_id, name=name)
-    if row is None and tenant_id is not None:
+    if row is None and tenant_id is not None and not await _owns_name(session, tenant_id, name):
         row = await find_alias(session, owner=None, name=name)
     if row is None:
         raise NotFound("Alias")
     return await alias_out(session, row)
+
+
+async def _owns_name(session: AsyncSession, tenant_id: str, name: str) -> bool:
+    """Any version of `name` is the tenant's: the public name of the same spelling is hidden
+    from it (as request resolution hides it)."""
+    query = select(Adapter.id).where(Adapter.owner_tenant_id == tenant_id, Adapter.name == name)
+    return (await session.scalars(query.limit(1))).first() is not None
 
 
 async def list_aliases(

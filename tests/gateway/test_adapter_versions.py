@@ -109,7 +109,15 @@ async def test_name_at_version_engine_names_and_cached_prefixes(gateway: Gateway
     rows = {r.model: r for r in await gw.usage_records(tenant)}
     assert (rows["support@2"].adapter_id, rows["support@2"].adapter_version) == (v2["id"], 2)
 
-    for model in ("support@3", "support@", "support@x", "support@01x", "@1", "support@1@1"):
+    for model in (
+        "support@3",
+        "support@",
+        "support@x",
+        "support@01",
+        "support@0",
+        "@1",
+        "support@1@1",
+    ):
         assert (await complete(gw, tenant.headers, model)).status_code == 404, model
     # another tenant names neither the alias nor a version of it
     for model in ("support", "support@1", "support@2"):

@@ -198,3 +198,7 @@ async def test_tenants_reach_only_their_own_versions(
     assert r.status_code == 200 and r.json()["version"] == 2
     # under A's own path, a public name is not A's to switch
     assert (await h.call("PUT", f"{own}/shared", ka, json={"version": 1})).status_code == 404
+    # once A has a "shared" of its own, the public one is hidden from A, even without A's alias
+    await _upload(h, f"/tenants/{a}/adapters", "shared", seed=7, key=ka)
+    assert (await h.call("DELETE", f"{own}/shared", ka)).status_code == 204
+    assert (await h.call("GET", f"{own}/shared", ka)).status_code == 404
