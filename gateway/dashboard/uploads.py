@@ -99,6 +99,7 @@ async def upload_adapter(
             return JSONResponse(exc.body(), status_code=exc.status_code)
         return await _adapters_page(request, dashboard, state, actor.viewer, tenant_id,
                                     error=exc.message, status=exc.status_code)  # fmt: skip
+    state.policy.forget_adapters()  # the name's alias moved to it: served here at once
     if wants_json(request):
         body = AdapterOut.model_validate(row).model_dump(mode="json")
         return JSONResponse(body, status_code=201)
