@@ -111,7 +111,7 @@ class AdapterStore:
         if self.kind == "directory":
             path = self.blob_dir(sha)
             await asyncio.to_thread(_write_dir, path, files)
-        if await session.get(AdapterBlob, sha) is None:
+        if not await _has_blob(session, sha):
             try:
                 async with session.begin_nested():
                     session.add(
@@ -209,7 +209,7 @@ class AdapterStore:
                     continue
                 data = make_bundle(files)
                 sha = bundle_sha256(files)
-                if await session.get(AdapterBlob, sha) is None:
+                if not await _has_blob(session, sha):
                     in_db = data if self.kind == "database" else None
                     session.add(AdapterBlob(sha256=sha, size_bytes=len(data), data=in_db))
                 row.sha256 = sha
@@ -220,6 +220,12 @@ class AdapterStore:
                 await session.rollback()
                 return 0
         return adopted
+
+
+async def _has_blob(session: AsyncSession, sha256: str) -> bool:
+    """Without loading its bytes."""
+    found = await session.scalar(select(AdapterBlob.sha256).where(AdapterBlob.sha256 == sha256))
+    return found is not None
 
 
 async def _database_chunks(
