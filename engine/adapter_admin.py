@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import InvalidRequestError
 from lora.registry import AdapterRecord, check_adapter_name
+from lora.remote.fetch import HttpBundleFetcher
 from lora.remote.fetched import FetchedAdapters, fetched_adapters
 
 __all__ = ["FetchedAdapters", "LoadRequest", "fetched_adapters"]  # the in-process client's too
 
 if TYPE_CHECKING:
+    from engine.config import EngineConfig
     from engine.loop.async_engine import AsyncEngine
     from engine.loop.llm_engine import LLMEngine
     from lora.manager import LoRAManager
@@ -68,6 +70,17 @@ def parse_load(body: bytes, *, base_model_name: str) -> LoadRequest:
     path = None if fields.get("lora_path") is None else _string_field(fields, "lora_path")
     sha = None if fields.get("lora_sha256") is None else _string_field(fields, "lora_sha256")
     return LoadRequest(name=name, path=path, sha256=sha)
+
+
+def adapter_source(
+    url: str | None, token: str | None, config: EngineConfig
+) -> FetchedAdapters | None:
+    """`--adapter-source`: the gateway's store, reached with the engine's own admin token, into
+    the cache the config names (None without a URL: adapters load from `lora_path` only)."""
+    if url is None:
+        return None
+    fetcher = HttpBundleFetcher(url, token)
+    return fetched_adapters(config.adapter_cache_dir, config.adapter_cache_bytes, fetcher)
 
 
 async def attach_store(engine: AsyncEngine, adapters: FetchedAdapters) -> None:

@@ -45,8 +45,7 @@ from engine.protocol import (
 )
 from engine.protocol.tracing import EngineTrace, tracer_for
 from lora.errors import AdapterError
-from lora.remote.fetch import HttpBundleFetcher
-from lora.remote.fetched import FetchedAdapters, fetched_adapters
+from lora.remote.fetched import FetchedAdapters
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -328,9 +327,8 @@ def create_app(
     tracer: Tracer | None = None,
     adapters: FetchedAdapters | None = None,
 ) -> FastAPI:
-    """The engine's ASGI app; its lifespan drains the engine on shutdown. `tracer`: None,
-    tracing is off (engine/protocol/tracing.py). `adapters`: where adapters named by hash are
-    fetched from (None: only `lora_path` loads)."""
+    """The engine's ASGI app; its lifespan drains the engine on shutdown. `tracer`: None, tracing
+    is off (engine/protocol/tracing.py). `adapters`: fetches adapters named by hash (or None)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -382,10 +380,7 @@ def serve(
 
     engine = AsyncEngine.from_config(config, start_thread=False)
     tracer = tracer_for(otel_endpoint, service_name="loragate-engine")
-    adapters = None
-    if adapter_source is not None:  # the gateway's store, reached with the same engine token
-        fetcher = HttpBundleFetcher(adapter_source, admin_token)
-        adapters = fetched_adapters(config.adapter_cache_dir, config.adapter_cache_bytes, fetcher)
+    adapters = adapter_admin.adapter_source(adapter_source, admin_token, config)
     app = create_app(engine, admin_token=admin_token, tracer=tracer, adapters=adapters)
     server = uvicorn.Server(
         uvicorn.Config(
