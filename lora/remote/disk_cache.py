@@ -51,14 +51,16 @@ class DiskCache:
         self.stats = DiskCacheStats()
         self._entries: OrderedDict[str, int] = OrderedDict()  # sha -> bytes, oldest use first
         self._pins: Counter[str] = Counter()
+        self._unverified: set[str] = set()  # adopted from a previous process, not yet checked
         self._lock = threading.Lock()
         root.mkdir(parents=True, exist_ok=True)
         self._adopt_existing()
 
     def _adopt_existing(self) -> None:
-        """Entries a previous process left are kept (oldest first by mtime); leftovers of
-        unfinished unpacks and evictions are removed. Entries were checked when they were
-        unpacked; the fetch layer checks again before trusting one (FetchedAdapters)."""
+        """Entries a previous process left are kept (oldest first by mtime) but marked
+        unverified: the fetch layer hashes one again before its first use (FetchedAdapters),
+        since the disk may have changed under it. Leftovers of unfinished unpacks and evictions
+        are removed."""
         found = []
         for path in self.root.iterdir():
             if path.is_dir() and is_sha256(path.name):
@@ -67,6 +69,7 @@ class DiskCache:
                 shutil.rmtree(path, ignore_errors=True)
         for _, sha, size in sorted(found):
             self._entries[sha] = size
+            self._unverified.add(sha)
             self.num_bytes += size
         with self._lock:
             self._evict_locked()
@@ -84,6 +87,20 @@ class DiskCache:
             self._entries.move_to_end(sha)
             self.stats.num_hits += 1
             return self.path_of(sha)
+
+    def is_verified(self, sha: str) -> bool:
+        with self._lock:
+            return sha not in self._unverified
+
+    def mark_verified(self, sha: str) -> None:
+        with self._lock:
+            self._unverified.discard(sha)
+
+    def discard(self, sha: str) -> None:
+        """Drop an entry now (one that failed its check); a pinned one cannot be dropped."""
+        with self._lock:
+            if sha in self._entries and self._pins[sha] <= 0:
+                self._drop_locked(sha)
 
     def __contains__(self, sha: str) -> bool:
         with self._lock:
@@ -141,15 +158,18 @@ class DiskCache:
                 return
             if self._pins[sha] > 0:
                 continue
-            size = self._entries.pop(sha)
-            self.num_bytes -= size
             self.stats.num_evictions += 1
-            gone = self.root / f".gone-{uuid.uuid4().hex}"
-            try:
-                self.path_of(sha).rename(gone)
-            except OSError:
-                continue  # already gone: the bookkeeping is what matters
-            shutil.rmtree(gone, ignore_errors=True)
+            self._drop_locked(sha)
+
+    def _drop_locked(self, sha: str) -> None:
+        self.num_bytes -= self._entries.pop(sha)
+        self._unverified.discard(sha)
+        gone = self.root / f".gone-{uuid.uuid4().hex}"
+        try:
+            self.path_of(sha).rename(gone)
+        except OSError:
+            return  # already gone: the bookkeeping is what matters
+        shutil.rmtree(gone, ignore_errors=True)
 
     def check_invariants(self) -> None:
         with self._lock:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from lora.adapter_format.bundle import iter_bundle
+from lora.adapter_format.bundle import BUNDLE_FILES, bundle_sha256, iter_bundle
 from lora.errors import AdapterError, AdapterFetchError, AdapterFormatError
 from lora.remote.disk_cache import DiskCache, is_sha256
 from lora.remote.fetch import BundleFetcher
@@ -69,6 +69,13 @@ class FetchedAdapters:
             )
         with self._lock_for(sha256):
             path = self.cache.get(sha256)
+            if path is not None and not self.cache.is_verified(sha256):
+                if _dir_sha256(path) == sha256:  # left by a previous process: check it once
+                    self.cache.mark_verified(sha256)
+                else:
+                    log.warning("cached adapter %s changed on disk; fetching it again", sha256)
+                    self.cache.discard(sha256)
+                    path = None
             if path is None:
                 path = self._fetch(adapter_id, sha256)
                 self.cache.unpin(sha256)
@@ -171,6 +178,15 @@ def fetched_adapters(
     if not cache_dir:
         weakref.finalize(adapters, shutil.rmtree, root, True)
     return adapters
+
+
+def _dir_sha256(path: Path) -> str | None:
+    """The bundle hash of an unpacked directory's files; None if it holds anything else."""
+    try:
+        files = {f.name: f.read_bytes() for f in path.iterdir()}
+    except OSError:
+        return None
+    return bundle_sha256(files) if files.keys() <= BUNDLE_FILES else None
 
 
 def _unpack(src: BinaryIO, dest: Path, *, max_bytes: int) -> None:

@@ -136,6 +136,20 @@ def test_a_wrong_hash_or_a_short_body_is_refused_before_unpacking(
         adapters.materialize("deleted", SHA)
 
 
+def test_an_entry_left_by_a_previous_process_is_checked_before_use(
+    tmp_path: Path, fetcher: StandInFetcher
+) -> None:
+    first = FetchedAdapters(DiskCache(tmp_path, max_bytes=1 << 20), fetcher)
+    path = Path(first.materialize("a1", SHA))
+    restarted = FetchedAdapters(DiskCache(tmp_path, max_bytes=1 << 20), fetcher)
+    assert restarted.materialize("a1", SHA) == str(path) and fetcher.calls == ["a1"]  # intact
+    (path / "adapter_config.json").write_bytes(b'{"r": 64}')  # changed on disk meanwhile
+    again = FetchedAdapters(DiskCache(tmp_path, max_bytes=1 << 20), fetcher)
+    assert Path(again.materialize("a1", SHA)) == path and fetcher.calls == ["a1", "a1"]
+    assert (path / "adapter_config.json").read_bytes() == FILES["adapter_config.json"]
+    again.cache.check_invariants()
+
+
 def test_an_evicted_adapter_is_fetched_again_when_the_engine_reads_it(
     tmp_path: Path, fetcher: StandInFetcher
 ) -> None:
