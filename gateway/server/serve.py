@@ -48,7 +48,7 @@ def app_from_environment() -> Any:
     settings = load_settings()
     if settings is None:
         raise SystemExit(2)
-    return create_app(settings, handle_signals=True)
+    return create_app(settings, handle_signals=True, tune_gc=True)
 
 
 def uvicorn_options(settings: GatewaySettings, *, log_level: str) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def run_server(settings: GatewaySettings, *, host: str, port: int, log_level: st
 
     if settings.engine_mode != "inprocess":
         uvicorn.run(
-            create_app(settings, handle_signals=True),
+            create_app(settings, handle_signals=True, tune_gc=True),
             host=host,
             port=port,
             **uvicorn_options(settings, log_level=log_level),
@@ -97,7 +97,7 @@ def run_server(settings: GatewaySettings, *, host: str, port: int, log_level: st
     # The embedded engine steps on this (the main) thread, uvicorn serves from another; the
     # model loads before the server listens.
     embedded = MainThreadEngine(settings)
-    app = create_app(settings, engine_client=embedded.client)
+    app = create_app(settings, engine_client=embedded.client, tune_gc=True)
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, **uvicorn_options(settings, log_level=log_level))
     )
