@@ -82,6 +82,9 @@ def downgrade() -> None:
     op.drop_table('adapter_blobs')
     # Versions beyond the first cannot keep their names under the old one-name constraint.
     op.execute('DELETE FROM adapters WHERE version > 1')
+    # Adapters whose bytes lived in adapter_blobs (dropped above) have no files to point at:
+    # an empty path keeps the row (and its usage history's reference), not loadable.
+    op.execute("UPDATE adapters SET storage_path = '' WHERE storage_path IS NULL")
     with op.batch_alter_table('adapters') as batch:
         batch.alter_column('storage_path', existing_type=sa.String(length=1024), nullable=False)
         batch.drop_constraint('uq_adapters_owner_tenant_id', type_='unique')

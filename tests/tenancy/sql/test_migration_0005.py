@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from tenancy.sql.migrate import upgrade
+from tenancy.sql.migrate import downgrade, upgrade
 from tenancy.sql.session import make_engine
 
 TENANT = "00000000-0000-4000-8000-000000000001"
@@ -63,6 +63,23 @@ async def _adapters_become_versions_with_aliases(url: str) -> None:
         async with engine.connect() as conn:
             left = (await conn.execute(text("SELECT id FROM adapters"))).scalars().all()
             assert left == [PUBLIC]
+        async with engine.begin() as conn:
+            # The database store: no path. Downgrading must still go through (0004's column is
+            # NOT NULL); later versions go, as 0004 allows one row a name.
+            await conn.execute(text("UPDATE adapters SET storage_path = NULL"))
+            await conn.execute(
+                text(
+                    "INSERT INTO adapters (id, owner_tenant_id, name, version, base_model, rank, "
+                    "alpha, target_modules, sha256, size_bytes, storage_path, status, "
+                    "created_at) VALUES (:id, NULL, 'sql', 2, 'tiny', 8, 16, '[\"q_proj\"]', "
+                    ":sha, 100, NULL, 'ready', CURRENT_TIMESTAMP)"
+                ),
+                {"id": OWNED, "sha": "b" * 64},
+            )
+        await downgrade(engine, "0004")
+        async with engine.connect() as conn:
+            rows = (await conn.execute(text("SELECT id, storage_path FROM adapters"))).all()
+            assert [tuple(r) for r in rows] == [(PUBLIC, "")]
     finally:
         await engine.dispose()
 
