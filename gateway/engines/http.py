@@ -143,6 +143,14 @@ class HttpEngineClient:
         if settings.engine.max_model_len is not None:
             max_len = min(max_len, settings.engine.max_model_len)
         token = settings.engine_admin_token
+        if token is None and settings.adapter_store == "database":
+            # Engines fetch adapters from this gateway with the engine token (routes/internal.py):
+            # without one every adapter load fails with a 502 naming the 401. The base model
+            # still serves, so a fleet without adapters runs: a warning, not a refusal.
+            log.warning(
+                "LORAGATE_ENGINE_ADMIN_TOKEN is not set: HTTP engines cannot fetch adapters "
+                "from the database store, and requests naming an adapter will fail"
+            )
         return cls(
             settings.engine_urls,
             model_name=settings.model_name,
