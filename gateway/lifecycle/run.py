@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 ENGINE_FAILED = "The engine failed while generating."
 SHUTTING_DOWN = "The gateway is shutting down; retry the request."
+# The most a run waits for its responder to send a stream's first bytes (normally one turn of
+# the event loop; the bound only matters if the responder never calls back).
+HAND_OVER_S = 1.0
 
 
 class Run:
@@ -75,6 +78,9 @@ class Run:
         loop = asyncio.get_running_loop()
         self.answer: asyncio.Future[bytes] = loop.create_future()
         self.events: asyncio.Queue[bytes | None] = asyncio.Queue()
+        # Streamed: set once the responder has sent the first bytes (or will never send them).
+        self._first_sent: asyncio.Future[None] | None = loop.create_future() if stream else None
+        self._handing_over = False  # the first bytes are answered, not yet sent
         self.admission: Admission | None = None
         self.num_prompt_tokens = 0  # of the engine requests actually submitted
         self.engine_wait_s = 0.0
@@ -138,8 +144,14 @@ class Run:
 
     # ---- signals from outside (synchronous: safe in any `finally`) ------------------------------
 
+    def first_sent(self) -> None:
+        """The responder sent the streamed answer's first bytes (or gave up on sending)."""
+        if self._first_sent is not None and not self._first_sent.done():
+            self._first_sent.set_result(None)
+
     def client_gone(self) -> None:
         """The client left (or its task was cancelled): stop the engine, keep the books."""
+        self.first_sent()  # nothing more will be sent: the run must not wait on it
         if self.is_client_gone or self._is_answered or self.is_finished:
             return  # an answer already complete needs nothing stopped
         self.is_client_gone = True
@@ -252,7 +264,19 @@ class Run:
             finally:
                 self.engine_wait_s += time.perf_counter() - waited
             self._on_event(0, event)
+            if self._handing_over:
+                await self._hand_over()
         self._prompt_ended(0)
+
+    async def _hand_over(self) -> None:
+        """Streamed: let the responder send the first bytes before the events behind them are
+        worked through. An engine's events can arrive in a burst (one read holds many); each
+        would otherwise be decoded and queued before the client saw its first byte. Bounded:
+        a responder that never calls back costs at most HAND_OVER_S."""
+        self._handing_over = False
+        sent = self._first_sent
+        if sent is not None and not sent.done():
+            await asyncio.wait((sent,), timeout=HAND_OVER_S)
 
     async def _read_merged(self) -> None:
         queue: asyncio.Queue[tuple[int, GenerateResponse | EngineStreamError | None]]
@@ -281,6 +305,8 @@ class Run:
                     raise item
                 else:
                     self._on_event(prompt, item)
+                    if self._handing_over:
+                        await self._hand_over()
         finally:
             for reader in readers:
                 reader.cancel()
@@ -300,6 +326,7 @@ class Run:
         if self.is_streamed and not self.is_client_gone:
             if not self.answer.done():
                 self.answer.set_result(output.head() + data)
+                self._handing_over = True
             elif data:
                 self.events.put_nowait(data)
         if output.is_prompt_done(prompt):

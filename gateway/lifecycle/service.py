@@ -194,6 +194,8 @@ class EventSource(Protocol):
 
     def client_gone(self) -> None: ...
 
+    def first_sent(self) -> None: ...
+
 
 class EventStreamResponse(Response):
     media_type = "text/event-stream"
@@ -217,6 +219,7 @@ class EventStreamResponse(Response):
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             if self._first:
                 await send({"type": "http.response.body", "body": self._first, "more_body": True})
+            run.first_sent()
             while not watch.done():
                 body, ended = _drain(await self._next(run.events), run.events)
                 if body:

@@ -64,9 +64,13 @@ class Source:
     def __init__(self) -> None:
         self.events: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.num_gone_calls = 0
+        self.num_first_sent_calls = 0
 
     def client_gone(self) -> None:
         self.num_gone_calls += 1
+
+    def first_sent(self) -> None:
+        self.num_first_sent_calls += 1
 
 
 async def test_keepalive_comments_while_the_engine_is_silent_and_the_end_is_sent() -> None:
@@ -120,6 +124,7 @@ async def test_events_already_queued_go_out_in_one_send_and_stay_whole() -> None
     await asyncio.wait_for(response({"type": "http"}, receive, send), 5)
     bodies = [m["body"] for m in sent if m["type"] == "http.response.body"]
     assert bodies == [b"data: first\n\n", b"".join(events), b""]
+    assert source.num_first_sent_calls >= 1  # the run may go on past its first bytes
 
 
 async def test_a_client_that_leaves_is_reported_to_the_run_at_once() -> None:
