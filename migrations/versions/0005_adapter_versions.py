@@ -57,6 +57,13 @@ def upgrade() -> None:
     with op.batch_alter_table('usage_records') as batch:
         batch.add_column(sa.Column('adapter_version', sa.Integer(), nullable=True))
 
+    # NULLs are distinct in the unique constraints: public rows get partial unique indexes.
+    public = sa.text('owner_tenant_id IS NULL')
+    op.create_index('uq_adapters_public_version', 'adapters', ['name', 'version'], unique=True,
+                    sqlite_where=public, postgresql_where=public)
+    op.create_index('uq_adapter_aliases_public_name', 'adapter_aliases', ['name'], unique=True,
+                    sqlite_where=public, postgresql_where=public)
+
     conn = op.get_bind()
     rows = conn.execute(sa.text('SELECT id, owner_tenant_id, name FROM adapters')).fetchall()
     aliases = sa.table(
@@ -76,6 +83,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     with op.batch_alter_table('usage_records') as batch:
         batch.drop_column('adapter_version')
+    op.drop_index('uq_adapter_aliases_public_name', table_name='adapter_aliases')
+    op.drop_index('uq_adapters_public_version', table_name='adapters')
     with op.batch_alter_table('adapter_aliases') as batch:
         batch.drop_index(batch.f('ix_adapter_aliases_owner_tenant_id'))
     op.drop_table('adapter_aliases')

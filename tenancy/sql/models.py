@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -129,7 +130,13 @@ class Adapter(Base):
     prefix cache keys it by; ids are never reused, so no two versions ever share cached blocks."""
 
     __tablename__ = "adapters"
-    __table_args__ = (UniqueConstraint("owner_tenant_id", "name", "version"),)
+    __table_args__ = (
+        UniqueConstraint("owner_tenant_id", "name", "version"),
+        # NULLs are distinct in a unique constraint: public versions need their own index.
+        Index("uq_adapters_public_version", "name", "version", unique=True,
+              sqlite_where=text("owner_tenant_id IS NULL"),
+              postgresql_where=text("owner_tenant_id IS NULL")),
+    )  # fmt: skip
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     # NULL owner: a public adapter, visible to every tenant.
@@ -168,7 +175,12 @@ class AdapterAlias(Base):
     gets `canary_weight` percent). Switching is one row update, so it is atomic."""
 
     __tablename__ = "adapter_aliases"
-    __table_args__ = (UniqueConstraint("owner_tenant_id", "name"),)
+    __table_args__ = (
+        UniqueConstraint("owner_tenant_id", "name"),
+        Index("uq_adapter_aliases_public_name", "name", unique=True,
+              sqlite_where=text("owner_tenant_id IS NULL"),
+              postgresql_where=text("owner_tenant_id IS NULL")),
+    )  # fmt: skip
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     owner_tenant_id: Mapped[str | None] = mapped_column(
