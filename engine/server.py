@@ -383,9 +383,8 @@ def serve(
     tracer = tracer_for(otel_endpoint, service_name="loragate-engine")
     adapters = adapter_admin.adapter_source(adapter_source, admin_token, config)
     app = create_app(engine, admin_token=admin_token, tracer=tracer, adapters=adapters)
-    # As the gateway does (gateway/app.py tune_gc_for_serving, which says why): the ~450,000
-    # long-lived objects of start-up out of full collections (each a few hundred ms: a stalled
-    # step), and young collections only when 10,000 objects are alive at once, not 700.
+    # As the gateway does (gateway/app.py tune_gc_for_serving says why): start-up's objects
+    # out of full collections (each a stalled step), young collections at 10,000 objects.
     gc.collect()
     gc.freeze()
     gc.set_threshold(10_000, *gc.get_threshold()[1:])

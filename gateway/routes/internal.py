@@ -20,7 +20,7 @@ from starlette.responses import StreamingResponse
 from gateway.deps import StateDep
 from tenancy.errors import InvalidApiKey, NotFound
 
-router = APIRouter(tags=["internal"], include_in_schema=False)
+router = APIRouter(tags=["internal"])
 
 SHA_HEADER = "x-loragate-sha256"  # what lora/remote/fetch.py reads
 _LABEL = b"loragate-engine-token"
