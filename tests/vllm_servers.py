@@ -41,7 +41,9 @@ SERVE_ARGS = (
 
 def vllm_python() -> Path | None:
     named = os.environ.get("LORAGATE_VLLM_PYTHON")
-    path = Path(named) if named else REPO / ".cache" / "vllm-venv" / "bin" / "python"
+    # Absolute: `make test-vllm` names it relative to the checkout, and some vLLM servers start
+    # in directories of their own (tests/vllm/test_adapter_resolver.py).
+    path = Path(named).absolute() if named else REPO / ".cache" / "vllm-venv" / "bin" / "python"
     return path if path.exists() else None
 
 
