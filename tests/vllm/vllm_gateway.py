@@ -51,6 +51,9 @@ def vllm_gateway_env(
         # vLLM loads from the directory store's paths here (one machine); tests/vllm/
         # test_adapter_resolver.py fetches from the database store through the plugin.
         "LORAGATE_ADAPTER_STORE": "directory",
+        # Replica 1 runs with --max-num-seqs 1 (vllm_servers.py): these tests expect the
+        # index-ordered choice, not cache-aware routing's hashed home replica.
+        "LORAGATE_ENGINE_ROUTING": "least_loaded",
     }
     return gateway_env(model_dir, workdir, **{**settings, **extra})
 
