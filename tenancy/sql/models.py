@@ -125,6 +125,13 @@ class QuotaPolicy(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
+def public_unique(name: str, *columns: str) -> Index:
+    """Unique among public rows (no owner): a unique constraint treats NULL owners as distinct,
+    so the owner-scoped constraint leaves public rows unchecked (migration 0005)."""
+    public = text("owner_tenant_id IS NULL")
+    return Index(name, *columns, unique=True, sqlite_where=public, postgresql_where=public)
+
+
 class Adapter(Base):
     """One immutable version of an adapter. Its id is what engines load it under and what the
     prefix cache keys it by; ids are never reused, so no two versions ever share cached blocks."""
@@ -132,11 +139,8 @@ class Adapter(Base):
     __tablename__ = "adapters"
     __table_args__ = (
         UniqueConstraint("owner_tenant_id", "name", "version"),
-        # NULLs are distinct in a unique constraint: public versions need their own index.
-        Index("uq_adapters_public_version", "name", "version", unique=True,
-              sqlite_where=text("owner_tenant_id IS NULL"),
-              postgresql_where=text("owner_tenant_id IS NULL")),
-    )  # fmt: skip
+        public_unique("uq_adapters_public_version", "name", "version"),
+    )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     # NULL owner: a public adapter, visible to every tenant.
@@ -177,10 +181,8 @@ class AdapterAlias(Base):
     __tablename__ = "adapter_aliases"
     __table_args__ = (
         UniqueConstraint("owner_tenant_id", "name"),
-        Index("uq_adapter_aliases_public_name", "name", unique=True,
-              sqlite_where=text("owner_tenant_id IS NULL"),
-              postgresql_where=text("owner_tenant_id IS NULL")),
-    )  # fmt: skip
+        public_unique("uq_adapter_aliases_public_name", "name"),
+    )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     owner_tenant_id: Mapped[str | None] = mapped_column(
