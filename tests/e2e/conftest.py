@@ -52,6 +52,10 @@ def _engine_env(
         urls = [s.url for s in request.getfixturevalue("vllm_servers")]
         kind_name = "vllm"
         extra["LORAGATE_ADAPTER_STORE"] = "directory"
+        # The second vLLM server runs with --max-num-seqs 1 (vllm_servers.py), which refuses
+        # n=2; cache-aware routing's hashed home replica may be that one, least loaded is not
+        # while the first is idle (as tests/vllm/vllm_gateway.py).
+        extra["LORAGATE_ENGINE_ROUTING"] = "least_loaded"
     return {
         **extra,
         "LORAGATE_ENGINE_MODE": "http",
