@@ -30,6 +30,7 @@ from gateway.dashboard import install_dashboard
 from gateway.dashboard.state import Dashboard
 from gateway.engines.api import EngineClient
 from gateway.engines.build import build_engine_client
+from gateway.engines.pools import build_other_pools, start_engine
 from gateway.error_handlers import install_error_handlers
 from gateway.lifecycle.bookkeeping import Bookkeeping, UsageWriter
 from gateway.lifecycle.job import Planner
@@ -107,17 +108,20 @@ async def build_state(
     except BaseException:
         await runtime.close()
         raise
-    use_store = getattr(engine, "use_adapter_store", None)  # the embedded engine
-    if use_store is not None:
-        await use_store(
-            lambda adapter_id: runtime.adapters.open_bundle(runtime.sessionmaker, adapter_id),
-            cache_dir=settings.engine.adapter_cache_dir,
-            max_bytes=int(settings.engine.adapter_cache_gb * (1 << 30)),
-        )
-    await engine.start()
+    await start_engine(settings, runtime, engine)
+    # More base models (LORAGATE_MODELS): a pool each, started here (none by default).
+    try:
+        built = await build_other_pools(settings, runtime, runtime.priority.vllm_priority)
+    except BaseException:
+        await engine.close()
+        await runtime.close()
+        raise
+    others = {pool.name: pool for pool in built}
     metrics = GatewayMetrics(
         max_tenants=settings.max_metric_tenants, max_models=settings.max_metric_models
     )
+    # The primary engine's metrics only: every engine's collectors share metric names, which
+    # one registry refuses twice.
     register = getattr(engine, "register_metrics", None)
     if register is not None:
         register(metrics.registry)
@@ -130,15 +134,17 @@ async def build_state(
     usage.start()
     metrics.usage_ledger.watch(usage)
     policy = PolicyService(
-        runtime, base_model=settings.model_name, cache_ttl_s=settings.policy_cache_ttl_s
-    )
+        runtime, base_model=settings.model_name, cache_ttl_s=settings.policy_cache_ttl_s,
+        other_models=tuple(others),
+    )  # fmt: skip
     alerts = AlertService(
         settings, runtime.sessionmaker, runtime.quotas, cache_ttl_s=settings.policy_cache_ttl_s
     )
     alerts.start()
     tracing = Tracing.from_settings(settings)  # None unless LORAGATE_OTEL_ENDPOINT is set
     if tracing is not None:
-        tracing.instrument(engine)
+        for traced in (engine, *(pool.engine for pool in others.values())):
+            tracing.instrument(traced)
     lifecycle = RequestLifecycle(
         settings=settings,
         policy=policy,
@@ -149,6 +155,7 @@ async def build_state(
         quotas=runtime.quotas,
         tracing=tracing,
         books=Bookkeeping(runtime.quotas, usage, metrics, alerts),
+        others=others,
     )
     return GatewayState(
         settings=settings,
@@ -161,6 +168,7 @@ async def build_state(
         metrics=metrics,
         tracing=tracing,
         alerts=alerts,
+        others=others,
     )
 
 
@@ -173,7 +181,8 @@ async def close_state(state: GatewayState) -> None:
         steps.push_async_callback(state.usage.close)  # after every run has recorded
         if state.alerts is not None:  # after every run has settled
             steps.push_async_callback(state.alerts.close)
-        steps.push_async_callback(state.engine.close)
+        for engine in state.engines().values():
+            steps.push_async_callback(engine.close)
         await state.lifecycle.drain(state.settings.shutdown_grace_s)
 
 

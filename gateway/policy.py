@@ -96,6 +96,7 @@ class AdapterRef:
     created_at: float
     version: int = 1  # of its name; each version has its own id
     sha256: str = ""  # its bundle's: engines fetch it by id and check this hash
+    base_model: str = ""  # the served base model it runs on ("": the primary one)
 
     @property
     def engine_name(self) -> str:
@@ -138,6 +139,8 @@ class ResolvedModel:
     # What a request to it pays, fixed when it is resolved: admission reserves at this price and
     # the ledger records its cost at it, whatever the prices are by the time it ends.
     price: Price = field(default_factory=Price)
+    # The served base model whose pool runs it ("": the primary one).
+    base_model: str = ""
 
     @property
     def engine_model(self) -> str | None:
@@ -152,15 +155,20 @@ class PolicyService:
         base_model: str,
         cache_ttl_s: float,
         rng: random.Random | None = None,
+        other_models: tuple[str, ...] = (),
     ) -> None:
+        """`base_model`: the primary served model; `other_models`: the rest (several base
+        models, gateway/engines/pools.py)."""
         self._runtime = runtime
         # Draws the canary side of an alias per request; tests seed it (or count through it).
         self.rng = rng if rng is not None else random.Random()
         self.base_model = base_model
+        self.base_models = (base_model, *other_models)
         self.started_at = int(time.time())  # the base model's `created`
         self._subjects: TtlCache[tuple[str, str], list[QuotaSubject]] = TtlCache(cache_ttl_s)
         self._adapters: TtlCache[str, AdapterCatalog] = TtlCache(cache_ttl_s)
-        self._prices: TtlCache[str, Price] = TtlCache(cache_ttl_s)  # by adapter id, "" the base
+        # by (base model, adapter id); "" the base model itself
+        self._prices: TtlCache[tuple[str, str], Price] = TtlCache(cache_ttl_s)
 
     async def authenticate(self, authorization: str | None) -> TenantContext:
         """401 for any bad key (one shape), 403 for a key without the inference scope."""
@@ -210,7 +218,7 @@ class PolicyService:
                     aliases = (await session.scalars(select(AdapterAlias).where(aliased))).all()
             except (OperationalError, DBAPIError, OSError) as exc:
                 raise DatabaseUnavailable() from exc
-            return _catalog(list(rows), list(aliases))
+            return _catalog(list(rows), list(aliases), self.serving_model)
 
         return await self._adapters.get(ctx.tenant_id, load, max_age_s=max_age_s)
 
@@ -219,21 +227,30 @@ class PolicyService:
         public one is visible to all). Other gateway processes catch up within `cache_ttl_s`."""
         self._adapters.clear()
 
-    async def price(self, adapter: AdapterRef | None) -> Price:
-        """The price of the base model, or of one adapter on it (its own, else the model's)."""
+    def serving_model(self, recorded: str) -> str:
+        """The served base model an adapter runs on: the one its row records, or the primary
+        for a name no longer served (rows from before a rename served on the one model)."""
+        return recorded if recorded in self.base_models else self.base_model
+
+    async def price(self, adapter: AdapterRef | None, model: str | None = None) -> Price:
+        """The price of a base model (`model`, None: the primary), or of one adapter on its
+        base model (its own, else the model's)."""
         adapter_id = adapter.adapter_id if adapter is not None else None
+        if adapter is not None:
+            model = adapter.base_model
+        model = model or self.base_model
 
         async def load() -> Price:
             try:
                 async with self._runtime.sessionmaker() as session:
                     return await price_for(
-                        session, model=self.base_model, adapter_id=adapter_id,
+                        session, model=model, adapter_id=adapter_id,
                         defaults=self._runtime.settings.prices,
                     )  # fmt: skip
             except (OperationalError, DBAPIError, OSError) as exc:
                 raise DatabaseUnavailable() from exc
 
-        return await self._prices.get(adapter_id or "", load)
+        return await self._prices.get((model, adapter_id or ""), load)
 
     def forget_prices(self) -> None:
         """A price was set: requests admitted from now on pay it (other processes: within
@@ -244,8 +261,9 @@ class PolicyService:
         """The base model, or one version of an adapter visible to this tenant (with its
         price): through the alias for `name` (a canary drawn here, once per request), or named
         for `name@N`. Anything else is a 404."""
-        if model == self.base_model:
-            return ResolvedModel(name=model, adapter=None, price=await self.price(None))
+        if model in self.base_models:
+            price = await self.price(None, model)
+            return ResolvedModel(name=model, adapter=None, price=price, base_model=model)
         adapter = self._pick(await self.adapters(ctx), model)
         if adapter is None:
             # Maybe uploaded since the catalog was cached: look again, at most a few times a
@@ -253,7 +271,10 @@ class PolicyService:
             adapter = self._pick(await self.adapters(ctx, max_age_s=MISS_RELOAD_S), model)
         if adapter is None:
             raise ModelNotFound()
-        return ResolvedModel(name=model, adapter=adapter, price=await self.price(adapter))
+        return ResolvedModel(
+            name=model, adapter=adapter, price=await self.price(adapter),
+            base_model=adapter.base_model,
+        )  # fmt: skip
 
     def _pick(self, catalog: AdapterCatalog, model: str) -> AdapterRef | None:
         name, at, number = model.rpartition("@")
@@ -267,7 +288,9 @@ class PolicyService:
         return catalog.versions.get((name, int(number)))
 
 
-def _catalog(rows: list[Adapter], aliases: list[AdapterAlias]) -> AdapterCatalog:
+def _catalog(
+    rows: list[Adapter], aliases: list[AdapterAlias], serving_model: Callable[[str], str]
+) -> AdapterCatalog:
     """Public first, then the tenant's own: a name the tenant uses replaces the public one's
     versions and alias alike (never a mix of both owners' versions under one name)."""
     owned = {r.name for r in rows if r.owner_tenant_id is not None}
@@ -285,6 +308,7 @@ def _catalog(rows: list[Adapter], aliases: list[AdapterAlias]) -> AdapterCatalog
             created_at=row.created_at.timestamp(),
             version=row.version,
             sha256=row.sha256,
+            base_model=serving_model(row.base_model),
         )
         refs[row.id] = ref
         catalog.versions[(row.name, row.version)] = ref

@@ -15,6 +15,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from engine.settings import EngineSettings
 from gateway.engines.routing.affinity import MAX_ENTRIES
 from gateway.engines.routing.policy import LOAD_FACTOR, RoutingPolicy
+from gateway.model_entries import ModelEntry, check_entries
 from tenancy.adapters.base_model import base_model_spec
 from tenancy.settings import TenancySettings, strong_secret
 
@@ -32,6 +33,9 @@ class GatewaySettings(TenancySettings):
     # A Jinja chat template file that replaces the checkpoint's (a model whose own template has
     # no tools section, or another tool-call format: render tools as Hermes <tool_call> JSON).
     chat_template: Path | None = None
+    # More base models beside this one (LORAGATE_MODELS, a JSON list; gateway/model_entries.py):
+    # each its own engine pool, tokenizer and adapters. Empty: the one model above.
+    models: list[ModelEntry] = Field(default_factory=list)
 
     # ---- engines -----------------------------------------------------------------------------
     engine_mode: EngineMode = "inprocess"
@@ -183,8 +187,14 @@ class GatewaySettings(TenancySettings):
         # set explicitly wins.
         chosen = {f: getattr(self.base_model, f) for f in self.base_model.model_fields_set}
         self.base_model = base_model_spec(self.model, self.model_name).model_copy(update=chosen)
+        check_entries(self)
         return self
 
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model.resolve().name
+
+    @property
+    def model_names(self) -> list[str]:
+        """Every served base model, the primary first."""
+        return [self.model_name, *(entry.name for entry in self.models)]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.engines.api import EngineClient
+from gateway.engines.pools import ModelPool
 from gateway.lifecycle.bookkeeping import UsageWriter
 from gateway.lifecycle.service import RequestLifecycle
 from gateway.policy import PolicyService
@@ -30,3 +31,11 @@ class GatewayState:
     tracing: Tracing | None = None
     # Budget and outage alerts (tenancy/alerts/); None where a test builds the state without.
     alerts: AlertService | None = None
+    # The other served base models' pools, by name (LORAGATE_MODELS); `tokenizer` and `engine`
+    # above are the primary model's.
+    others: dict[str, ModelPool] = field(default_factory=dict)
+
+    def engines(self) -> dict[str, EngineClient]:
+        """Every served base model's engine client, the primary's first."""
+        primary = {self.policy.base_model: self.engine}
+        return primary | {name: pool.engine for name, pool in self.others.items()}

@@ -37,6 +37,14 @@ ActivateForm = Annotated[
         "version of a name always creates the alias."
     ),
 ]
+BaseModelForm = Annotated[
+    str | None,
+    Form(
+        max_length=256,
+        description="The served base model the adapter is for (its shapes are checked against "
+        "it); unset: the primary one. Every version of a name is on one base model.",
+    ),
+]
 NameQuery = Annotated[
     str | None, Query(max_length=256, description="only the versions of this name")
 ]
@@ -65,7 +73,8 @@ class AdapterLimitsOut(BaseModel):
     max_files: int
     max_safetensors_header_bytes: int
     max_name_length: int
-    base_model: str
+    base_model: str  # the primary one: an upload naming no base model is for it
+    base_models: list[str]  # every served one, the primary first
     target_modules: list[str]
 
 
@@ -76,6 +85,7 @@ async def adapter_limits(principal: PrincipalDep, runtime: RuntimeDep) -> Adapte
     return AdapterLimitsOut(
         **limits.model_dump(exclude={"max_compression_ratio"}),
         base_model=base.name,
+        base_models=runtime.adapters.base_models,
         target_modules=list(LORA_MODULES),
     )
 
@@ -92,11 +102,12 @@ async def upload_adapter(
     runtime: RuntimeDep,
     removal: AdapterRemovalDep,
     activate: ActivateForm = True,
+    base_model: BaseModelForm = None,
 ) -> object:
     uploads = await read_uploads(files, runtime.settings.adapter_limits.max_upload_bytes)
     row = await crud.register_adapter(
         session, ctx=ctx, service=runtime.adapters, tenant_id=tenant_id, name=name,
-        uploads=uploads, activate=activate,
+        uploads=uploads, activate=activate, base_model=base_model,
     )  # fmt: skip
     removal.changed()
     return row
@@ -111,11 +122,12 @@ async def upload_public_adapter(
     runtime: RuntimeDep,
     removal: AdapterRemovalDep,
     activate: ActivateForm = True,
+    base_model: BaseModelForm = None,
 ) -> object:
     uploads = await read_uploads(files, runtime.settings.adapter_limits.max_upload_bytes)
     row = await crud.register_adapter(
         session, ctx=ctx, service=runtime.adapters, tenant_id=None, name=name, uploads=uploads,
-        activate=activate,
+        activate=activate, base_model=base_model,
     )  # fmt: skip
     removal.changed()
     return row

@@ -56,20 +56,30 @@ async def switch_alias(
     body: AliasSwitch,
     session: SessionDep,
     ctx: AuditDep,
+    runtime: RuntimeDep,
     removal: AdapterRemovalDep,
 ) -> object:
     out = await crud.switch_alias(
-        session, ctx=ctx, tenant_id=tenant_id, name=name, version=body.version
-    )
+        session, ctx=ctx, tenant_id=tenant_id, name=name, version=body.version,
+        serving_model=runtime.adapters.serving_model,
+    )  # fmt: skip
     removal.changed()
     return out
 
 
 @router.put(PUBLIC + "/{name}", response_model=AliasOut)
 async def switch_public_alias(
-    name: str, body: AliasSwitch, session: SessionDep, ctx: AuditDep, removal: AdapterRemovalDep
+    name: str,
+    body: AliasSwitch,
+    session: SessionDep,
+    ctx: AuditDep,
+    runtime: RuntimeDep,
+    removal: AdapterRemovalDep,
 ) -> object:
-    out = await crud.switch_alias(session, ctx=ctx, tenant_id=None, name=name, version=body.version)
+    out = await crud.switch_alias(
+        session, ctx=ctx, tenant_id=None, name=name, version=body.version,
+        serving_model=runtime.adapters.serving_model,
+    )  # fmt: skip
     removal.changed()
     return out
 
@@ -81,11 +91,12 @@ async def set_canary(
     body: CanaryIn,
     session: SessionDep,
     ctx: AuditDep,
+    runtime: RuntimeDep,
     removal: AdapterRemovalDep,
 ) -> object:
     out = await crud.set_canary(
         session, ctx=ctx, tenant_id=tenant_id, name=name, version=body.version,
-        weight=body.weight,
+        weight=body.weight, serving_model=runtime.adapters.serving_model,
     )  # fmt: skip
     removal.changed()
     return out
@@ -93,11 +104,17 @@ async def set_canary(
 
 @router.put(PUBLIC + "/{name}/canary", response_model=AliasOut)
 async def set_public_canary(
-    name: str, body: CanaryIn, session: SessionDep, ctx: AuditDep, removal: AdapterRemovalDep
+    name: str,
+    body: CanaryIn,
+    session: SessionDep,
+    ctx: AuditDep,
+    runtime: RuntimeDep,
+    removal: AdapterRemovalDep,
 ) -> object:
     out = await crud.set_canary(
-        session, ctx=ctx, tenant_id=None, name=name, version=body.version, weight=body.weight
-    )
+        session, ctx=ctx, tenant_id=None, name=name, version=body.version, weight=body.weight,
+        serving_model=runtime.adapters.serving_model,
+    )  # fmt: skip
     removal.changed()
     return out
 

@@ -48,8 +48,11 @@ class AdapterRemoval:
         if self._state is None or not engine_names:
             return
         self._state.policy.forget_adapters()
-        for name in engine_names:
-            self._state.engine.start_unload(name)
+        # Every pool: an engine that never loaded it has nothing to drop (cheap), and the
+        # deleted row no longer says which base model it was on.
+        for engine in self._state.engines().values():
+            for name in engine_names:
+                engine.start_unload(name)
 
 
 def get_adapter_removal(request: Request) -> AdapterRemoval:

@@ -164,7 +164,7 @@ ADMIN_EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
     ("get", "/admin/v1/adapters/limits"): {"response": {
         "max_rank": 64, "max_upload_bytes": 268435456, "max_files": 8,
         "max_safetensors_header_bytes": 1048576, "max_name_length": 64, "base_model": "tiny",
-        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+        "base_models": ["tiny", "small"], "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                            "down_proj"],
     }},
     ("get", T + "/adapters"): {"response": [ADAPTER]},

@@ -56,7 +56,7 @@ async def _adapters_page(
     return page(
         dashboard, request, "adapters.html", status, viewer=viewer, tenant=tenant,
         adapters=adapters, limits=settings.adapter_limits, base_model=settings.base_model.name,
-        error=error, tab="adapters", aliases=aliases, versions=_own_versions(adapters),
+        base_models=state.tenancy.adapters.base_models, error=error, tab="adapters", aliases=aliases, versions=_own_versions(adapters),
     )  # fmt: skip
 
 
@@ -85,6 +85,7 @@ async def upload_adapter(
     actor: ActorDep,
     name: Annotated[str, Form(max_length=10_000)],
     files: Annotated[list[UploadFile], File()],
+    base_model: Annotated[str | None, Form(max_length=256)] = None,
 ) -> Response:
     runtime = state.tenancy
     try:
@@ -92,7 +93,7 @@ async def upload_adapter(
         async with runtime.sessionmaker() as session:
             row = await register_adapter(
                 session, ctx=actor.ctx, service=runtime.adapters, tenant_id=tenant_id,
-                name=name.strip(), uploads=uploads,
+                name=name.strip(), uploads=uploads, base_model=base_model,
             )  # fmt: skip
     except ClientError as exc:
         if wants_json(request):
@@ -119,8 +120,9 @@ async def switch_adapter_alias(
     try:
         async with state.tenancy.sessionmaker() as session:
             await switch_alias(
-                session, ctx=actor.ctx, tenant_id=tenant_id, name=name, version=version
-            )
+                session, ctx=actor.ctx, tenant_id=tenant_id, name=name, version=version,
+                serving_model=state.tenancy.adapters.serving_model,
+            )  # fmt: skip
     except ClientError as exc:
         return await _adapters_page(request, dashboard, state, actor.viewer, tenant_id,
                                     error=exc.message, status=exc.status_code)  # fmt: skip

@@ -8,6 +8,7 @@ functions. A tenant the viewer may not see raises the same NotFound the admin AP
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from dataclasses import dataclass
 
@@ -192,7 +193,13 @@ async def tenant_page(
 
 
 async def engines_page(state: GatewayState, principal: Principal) -> list[EngineRow]:
-    replicas = await engine_status(state.engine)
+    pools = state.engines()
+    answers = await asyncio.gather(*(engine_status(engine) for engine in pools.values()))
+    replicas = list(answers[0])  # the primary's under their own names, as with one model
+    for model, statuses in zip(list(pools)[1:], answers[1:], strict=True):
+        for status in statuses:
+            status.name = f"{model}/{status.name}"
+            replicas.append(status)
     ids = sorted(
         {name for r in replicas for names in r.adapters_by_tier.values() for name in names}
     )

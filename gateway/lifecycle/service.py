@@ -29,6 +29,7 @@ import datetime as dt
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Protocol
 
 from fastapi import Request
@@ -37,12 +38,13 @@ from starlette.types import Receive, Scope, Send
 
 from engine.protocol import wait_for_disconnect
 from gateway.engines.api import EngineClient
+from gateway.engines.pools import ModelPool
 from gateway.errors import ClientGone, ShuttingDown
 from gateway.lifecycle.bookkeeping import Bookkeeping
 from gateway.lifecycle.grammars import GrammarChecks
 from gateway.lifecycle.job import EngineTarget, Job, Planner
 from gateway.lifecycle.run import Run
-from gateway.policy import PolicyService, TenantContext
+from gateway.policy import PolicyService, ResolvedModel, TenantContext
 from gateway.settings import GatewaySettings
 from gateway.telemetry.tracing import Tracing, route_of
 from tenancy.quota.store import QuotaStore
@@ -67,11 +69,15 @@ class RequestLifecycle:
         quotas: QuotaStore,
         books: Bookkeeping,
         tracing: Tracing | None = None,
+        others: Mapping[str, ModelPool] | None = None,
     ) -> None:
+        """`planner` and `engine`: the primary base model's; `others`: the pools of the other
+        served base models, by name (gateway/engines/pools.py)."""
         self._settings = settings
         self.policy = policy
         self.planner = planner
         self.engine = engine
+        self.others = dict(others or {})
         self._quotas = quotas
         self.books = books
         self.tracing = tracing  # None: off (tests may set it after construction)
@@ -105,8 +111,9 @@ class RequestLifecycle:
                 model=model,
                 priority=self.policy.priority(ctx, job.priority_hint),
             )
-            plan = job.plan(self.planner, target)
-            await self._grammars.check(plan)
+            planner, engine, grammars = self._pool_of(model)
+            plan = job.plan(planner, target)
+            await grammars.check(plan)
             subjects = await self.policy.subjects(ctx)
             if self.is_draining:  # checked again after the awaits: a run is refused or tracked
                 raise ShuttingDown()
@@ -120,7 +127,7 @@ class RequestLifecycle:
             stream=job.stream,
             started=request.state.started,
             started_at=dt.datetime.now(dt.UTC),
-            engine=self.engine,
+            engine=engine,
             quotas=self._quotas,
             subjects=subjects,
             books=self.books,
@@ -130,6 +137,14 @@ class RequestLifecycle:
         self._runs.add(run)
         run.start().add_done_callback(lambda _: self._runs.discard(run))
         return await respond(request, run, keepalive_s=self._settings.sse_keepalive_s)
+
+    def _pool_of(self, model: ResolvedModel) -> tuple[Planner, EngineClient, GrammarChecks]:
+        """Where a resolved model runs: its base model's pool; the primary's through
+        `self.planner` and `self.engine` (which tests may wrap after construction)."""
+        pool = self.others.get(model.base_model)
+        if pool is None:
+            return self.planner, self.engine, self._grammars
+        return pool.planner, pool.engine, pool.grammars
 
     def begin_drain(self, grace_s: float) -> asyncio.Task[None]:
         """Start draining (once; later calls return the same task)."""

@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from gateway.deps import StateDep
+from gateway.engines.api import EngineClient
 from gateway.state import GatewayState
 from tenancy.errors import InvalidApiKey
 from tenancy.sql.migrate import current_revision, head_revision
@@ -59,6 +60,14 @@ async def _check(probe: Coroutine[None, None, bool]) -> bool:
     return False
 
 
+async def _engines_ready(name: str, engine: EngineClient) -> dict[str, bool]:
+    try:
+        return await asyncio.wait_for(engine.check_ready(), READY_TIMEOUT_S)
+    except Exception as exc:  # a readiness probe answers "not ready" whatever broke; never a 500
+        logger.warning("engine readiness check failed (%s): %s", name, type(exc).__name__)
+        return {}
+
+
 @router.get("/ready", response_model=None)
 async def ready(state: StateDep) -> Response:
     """`checks`: each dependency this gateway uses; one not configured is `null` and does not
@@ -69,16 +78,18 @@ async def ready(state: StateDep) -> Response:
         _check(_schema_ok(state)),
         _check(_redis_ok(state)) if uses_redis else asyncio.sleep(0, None),
     )
-    try:
-        engines = await asyncio.wait_for(state.engine.check_ready(), READY_TIMEOUT_S)
-    except Exception as exc:  # a readiness probe answers "not ready" whatever broke; never a 500
-        logger.warning("engine readiness check failed: %s", type(exc).__name__)
-        engines = {}
+    pools = state.engines()
+    answers = await asyncio.gather(*(_engines_ready(name, e) for name, e in pools.items()))
+    # The primary's replicas under their own names (as with one model); another model's as
+    # `model/replica`. Ready: every model has a ready replica.
+    engines = dict(answers[0])
+    for name, replicas in zip(list(pools)[1:], answers[1:], strict=True):
+        engines |= {f"{name}/{replica}": ok for replica, ok in replicas.items()}
     checks = {
         "database": database,
         "schema": schema,
         "redis": redis if uses_redis else None,
-        "engines": any(engines.values()),
+        "engines": all(any(replicas.values()) for replicas in answers),
     }
     ok = all(value for value in checks.values() if value is not None)
     # Draining (SIGTERM): not ready, so the balancer stops sending while requests in flight end.

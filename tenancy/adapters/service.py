@@ -19,7 +19,7 @@ from tenancy.adapters.archive import UploadedFile, collect_files
 from tenancy.adapters.errors import AdapterRejected
 from tenancy.adapters.store import BLOBS_DIR, AdapterStore, BundleStream, StoredBundle
 from tenancy.adapters.validation import AdapterValidator, ValidatedAdapter
-from tenancy.settings import TenancySettings
+from tenancy.settings import BaseModelSpec, TenancySettings
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -28,8 +28,10 @@ class AdapterService:
     def __init__(self, *, settings: TenancySettings, validator: AdapterValidator) -> None:
         self._root = Path(settings.adapter_store_dir)
         self._limits = settings.adapter_limits
-        self._base_model_name = settings.base_model.name
-        self._validator = validator
+        # The primary base model first; more are registered as their pools start (a gateway
+        # serving several, gateway/engines/pools.py). A name belongs to one base model.
+        self.primary_base_model = settings.base_model.name
+        self._validators: dict[str, AdapterValidator] = {self.primary_base_model: validator}
         self.store = AdapterStore(settings.adapter_store, self._root)
 
     def check_name(self, name: str) -> str:
@@ -39,14 +41,44 @@ class AdapterService:
                 " or '-', starting with a letter or digit.",
                 param="name",
             )
-        if name == self._base_model_name:
+        if name in self._validators:
             # `model` picks the base model by this name first: such an adapter is unreachable,
             # and /v1/models would list the name twice.
             raise AdapterRejected("Adapter name is the base model's name.", param="name")
         return name
 
-    def prepare(self, uploads: list[UploadedFile]) -> ValidatedAdapter:
-        return self._validator.validate(collect_files(uploads, self._limits))
+    def serve_base_model(self, base: BaseModelSpec, validator: AdapterValidator) -> None:
+        """Uploads may name `base.name` as their base model from now on."""
+        self._validators[base.name] = validator
+
+    @property
+    def base_models(self) -> list[str]:
+        return list(self._validators)
+
+    def serving_model(self, recorded: str) -> str:
+        """The base model a version serves on: the one its row records, or the primary for a
+        name no longer served (rows from before a served model was renamed: they served on the
+        one model then, and still do)."""
+        return recorded if recorded in self._validators else self.primary_base_model
+
+    def check_base_model(self, base_model: str | None) -> str:
+        """The base model an upload names (None: the primary); 400 for one not served."""
+        if base_model is None or base_model == "":
+            return self.primary_base_model
+        if base_model not in self._validators:
+            served = ", ".join(repr(name[:200]) for name in self._validators)
+            raise AdapterRejected(
+                f"base_model {base_model[:200]!r} is not served here (served: {served}).",
+                param="base_model",
+            )
+        return base_model
+
+    def prepare(
+        self, uploads: list[UploadedFile], base_model: str | None = None
+    ) -> ValidatedAdapter:
+        """Validated against the shapes of `base_model` (None: the primary)."""
+        validator = self._validators[self.check_base_model(base_model)]
+        return validator.validate(collect_files(uploads, self._limits))
 
     async def write(self, session: AsyncSession, *, adapter: ValidatedAdapter) -> StoredBundle:
         """Store the files (once per content) in `session`'s transaction: the version's row

@@ -66,7 +66,9 @@ class FormatChecksValidator:
                 max_header_bytes=self._limits.max_safetensors_header_bytes,
             )
         except AdapterError as exc:
-            raise AdapterRejected(exc.message, param=exc.param or "file") from exc
+            # With several base models served, which one it was checked against matters.
+            message = f"{exc.message} (checked against base model {self._dims.names[0][:200]!r})"
+            raise AdapterRejected(message, param=exc.param or "file") from exc
         config = layout.config
         spec = LoraSpec(
             base_model=self._dims.names[0],

@@ -180,6 +180,8 @@ def add_rest_commands(admin: Any) -> None:
     p.add_argument("--no-activate", action="store_true",
                    help="stage the new version: the name's alias stays where it is (the first "
                    "version of a name always creates it)")  # fmt: skip
+    p.add_argument("--base-model", help="the served base model it is for (a gateway serving "
+                   "several; default: its primary one)")  # fmt: skip
     _command(adapters, "limits", "adapters_limits", "what an upload must fit (server)", common)
     p = _command(adapters, "delete", "adapters_delete",
                  "delete an adapter version (refused while an alias serves it)", common)  # fmt: skip

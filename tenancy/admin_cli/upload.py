@@ -48,8 +48,17 @@ def files_of(source: Path) -> list[Path]:
     raise ValueError(f"{source}: no such file or directory")
 
 
-def _parts(name: str, files: list[Path], boundary: str, *, activate: bool = True) -> list[Part]:
+def _parts(
+    name: str,
+    files: list[Path],
+    boundary: str,
+    *,
+    activate: bool = True,
+    base_model: str | None = None,
+) -> list[Part]:
     fields = {"name": name, "activate": "true" if activate else "false"}
+    if base_model is not None:  # unset: the server's primary base model
+        fields["base_model"] = base_model
     parts = [Part(
         f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"\r\n\r\n{value}'.encode(),
         None, 0,
@@ -65,12 +74,19 @@ def _parts(name: str, files: list[Path], boundary: str, *, activate: bool = True
 
 
 def upload(
-    client: AdminClient, path: str, *, name: str, source: Path, quiet: bool, activate: bool = True
+    client: AdminClient,
+    path: str,
+    *,
+    name: str,
+    source: Path,
+    quiet: bool,
+    activate: bool = True,
+    base_model: str | None = None,
 ) -> object:
     """`activate` False: the new version is staged, the name's alias stays where it is."""
     files = files_of(source)
     boundary = "lgboundary" + secrets.token_hex(12)
-    parts = _parts(name, files, boundary, activate=activate)
+    parts = _parts(name, files, boundary, activate=activate, base_model=base_model)
     tail = f"--{boundary}--\r\n".encode()
     length = sum(len(p.head) + p.size + 2 for p in parts) + len(tail)
     progress = Progress(

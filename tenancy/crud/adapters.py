@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from tenancy.adapters.archive import UploadedFile
+from tenancy.adapters.errors import AdapterRejected
 from tenancy.adapters.service import AdapterService
 from tenancy.auditing.write import record_event, snapshot
 from tenancy.auth.authz import require_admin, require_any_admin
@@ -37,16 +38,20 @@ async def register_adapter(
     name: str,
     uploads: list[UploadedFile],
     activate: bool = True,
+    base_model: str | None = None,
 ) -> Adapter:
-    """The next version of `name` (tenant_id None: a public adapter, admin only). The name's
-    alias is created with its first version; `activate` moves it to this one (dropping any
-    canary), else the version waits for a switch or a canary and serves only as `name@N`."""
+    """The next version of `name` (tenant_id None: a public adapter, admin only), on
+    `base_model` (None: the primary one). The name's alias is created with its first version;
+    `activate` moves it to this one (dropping any canary), else the version waits for a switch or
+    a canary and serves only as `name@N`. Every version of a name is on one base model, so an
+    alias never switches a client's requests to another model."""
     if tenant_id is None:
         require_admin(ctx.principal)
     else:
         await load_tenant(session, principal=ctx.principal, tenant_id=tenant_id)
     service.check_name(name)
-    validated = service.prepare(uploads)  # everything is checked before anything is written
+    # everything is checked before anything is written
+    validated = service.prepare(uploads, base_model)
     latest = (
         await session.scalars(
             select(Adapter)
@@ -55,6 +60,13 @@ async def register_adapter(
             .limit(1)
         )
     ).first()
+    if latest is not None and service.serving_model(latest.base_model) != validated.spec.base_model:
+        raise AdapterRejected(
+            f"Adapter {name[:200]!r} is on base model "
+            f"{service.serving_model(latest.base_model)[:200]!r}; every version of a name is on "
+            f"one base model (this upload is for {validated.spec.base_model[:200]!r}).",
+            param="base_model",
+        )
     adapter_id = new_id()
     stored = await service.write(session, adapter=validated)  # once per content (its sha256)
     spec = validated.spec

@@ -15,6 +15,8 @@ name, which is what `model: name` resolves to when the tenant has none of its ow
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import InstrumentedAttribute
@@ -28,6 +30,9 @@ from tenancy.errors import BadRequest, NotFound
 from tenancy.ids import new_id
 from tenancy.schemas import AliasOut
 from tenancy.sql.models import Adapter, AdapterAlias, utcnow
+
+# A version's recorded base model -> the one it serves on (AdapterService.serving_model).
+ServingModel = Callable[[str], str]
 
 
 def owned_by(column: InstrumentedAttribute[str | None], owner: str | None) -> ColumnElement[bool]:
@@ -161,13 +166,23 @@ async def list_aliases(
 
 
 async def switch_alias(
-    session: AsyncSession, *, ctx: AuditContext, tenant_id: str | None, name: str, version: int
+    session: AsyncSession,
+    *,
+    ctx: AuditContext,
+    tenant_id: str | None,
+    name: str,
+    version: int,
+    serving_model: ServingModel | None = None,
 ) -> AliasOut:
     """Point the alias at `version` (creating it if it was deleted): the switch, the
-    promotion of a canary and the rollback are all this."""
+    promotion of a canary and the rollback are all this. `serving_model` (the adapter service's)
+    maps a version's recorded base model to the one it serves on: a switch to another base
+    model is a 400."""
     await check_scope(session, principal=ctx.principal, owner=tenant_id, is_change=True)
     target = await find_version(session, owner=tenant_id, name=name, version=version)
     alias = await find_alias(session, owner=tenant_id, name=name, for_update=True)
+    if alias is not None and serving_model is not None:
+        await _check_base_model(session, alias=alias, target=target, serving_model=serving_model)
     alias = point_alias(session, ctx=ctx, alias=alias, version=target)
     await session.flush()
     out = await alias_out(session, alias)
@@ -183,6 +198,7 @@ async def set_canary(
     name: str,
     version: int,
     weight: int,
+    serving_model: ServingModel | None = None,
 ) -> AliasOut:
     """`weight` percent (1-99) of the alias's requests go to `version`, the rest to the alias's
     own version; setting it again replaces the canary."""
@@ -199,11 +215,29 @@ async def set_canary(
             "version.",
             param="version",
         )
+    if serving_model is not None:
+        await _check_base_model(session, alias=alias, target=canary, serving_model=serving_model)
     before = snapshot(alias)
     alias.canary_version_id = canary.id
     alias.canary_weight = weight
     alias.updated_at = utcnow()
     return await _commit_change(session, ctx=ctx, alias=alias, before=before, action="canary_set")
+
+
+async def _check_base_model(
+    session: AsyncSession, *, alias: AdapterAlias, target: Adapter, serving_model: ServingModel
+) -> None:
+    """An alias serves one base model: a client naming it never lands on another model."""
+    current = await session.get(Adapter, alias.version_id)
+    if current is None:
+        return
+    have, want = serving_model(current.base_model), serving_model(target.base_model)
+    if have != want:
+        raise BadRequest(
+            f"Version {target.version} of {alias.name[:200]!r} is on base model {want[:200]!r}; "
+            f"the alias serves base model {have[:200]!r}.",
+            param="version",
+        )
 
 
 async def clear_canary(
