@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.settings import EngineSettings
 from tenancy.adapters.base_model import base_model_spec
 
 if TYPE_CHECKING:
@@ -72,7 +71,7 @@ def check_entries(settings: GatewaySettings) -> None:
         if not entry.engine_urls and entry.engine_kind == "vllm":
             raise ValueError(f"{field}.engine_kind 'vllm' needs {field}.engine_urls")
         try:
-            engine_settings(settings, entry)
+            settings.engine_for(entry)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
@@ -81,13 +80,6 @@ def check_entries(settings: GatewaySettings) -> None:
             base_model_spec(entry.path, entry.name)
         except ValueError as exc:
             raise ValueError(f"{field}.path: {exc}") from None
-
-
-def engine_settings(settings: GatewaySettings, entry: ModelEntry) -> EngineSettings:
-    """The gateway's engine options with the entry's over them. Adapters served from the start
-    (`lora_modules`) belong to the primary model: never carried over."""
-    base = settings.engine.model_dump(exclude={"lora_modules"}, exclude_unset=True)
-    return EngineSettings.model_validate({**base, **entry.engine})
 
 
 def model_view(settings: GatewaySettings, entry: ModelEntry) -> GatewaySettings:
@@ -101,7 +93,7 @@ def model_view(settings: GatewaySettings, entry: ModelEntry) -> GatewaySettings:
             "engine_mode": "http" if urls else "inprocess",
             "engine_urls": urls,
             "engine_kind": entry.engine_kind or ("loragate" if not urls else settings.engine_kind),
-            "engine": engine_settings(settings, entry),
+            "engine": settings.engine_for(entry),
             "base_model": base_model_spec(entry.path, entry.name),
             "models": [],
         }

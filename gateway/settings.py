@@ -194,6 +194,12 @@ class GatewaySettings(TenancySettings):
     def model_name(self) -> str:
         return self.served_model_name or self.model.resolve().name
 
+    def engine_for(self, entry: ModelEntry) -> EngineSettings:
+        """A `models` entry's engine options: these with the entry's over them. Adapters
+        served from the start (`lora_modules`) belong to the primary model: never carried."""
+        base = self.engine.model_dump(exclude={"lora_modules"}, exclude_unset=True)
+        return EngineSettings.model_validate({**base, **entry.engine})
+
     @property
     def model_names(self) -> list[str]:
         """Every served base model, the primary first."""
