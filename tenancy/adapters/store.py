@@ -9,6 +9,16 @@ when the last version naming it does (`release`, `collect_garbage`). Rows from b
 bundle is hashed, a blob recorded for it and the row's `sha256` set to the bundle's, so every
 ready version can be fetched by hash (`adopt_legacy`).
 
+Uploads and deletes of the same content race across replicas (a tenant deletes the last version
+of some files while another uploads them again). Row locks keep a version from ever naming a
+blob that is gone: `put` holds the blob row it uses (FOR SHARE, or its own insert) until its
+transaction ends, and `release` takes the row FOR UPDATE before it counts the versions naming
+it, so it waits for an upload in flight and then sees its version; an upload that waited on a
+delete finds the row gone and stores the bytes again. The directory store moves a released
+blob's directory aside before the delete commits, so an upload that follows cannot have its
+fresh copy removed by the deleter's clean-up. SQLite serializes writers and needs no locks (the
+dialect drops FOR UPDATE).
+
 Reads stream: from the database in CHUNK-sized slices (`substr`, one query each, so a bundle
 is never held whole in memory), from a directory file by file.
 """
@@ -45,6 +55,8 @@ log = logging.getLogger(__name__)
 
 StoreKind = Literal["database", "directory"]
 BLOBS_DIR = "blobs"
+# put's tries when its blob is deleted and stored again between its lock and its insert.
+PUT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -104,14 +116,13 @@ class AdapterStore:
         return self.root / BLOBS_DIR / sha256
 
     async def put(self, session: AsyncSession, files: Mapping[str, bytes]) -> StoredBundle:
-        """Record the files' blob (once per content) in `session`'s transaction."""
+        """Record the files' blob (once per content) in `session`'s transaction, which holds
+        the blob row until it ends (see the module's note on races)."""
         data = make_bundle(files)
         sha = bundle_sha256(files)
-        path = None
-        if self.kind == "directory":
-            path = self.blob_dir(sha)
-            await asyncio.to_thread(_write_dir, path, files)
-        if not await _has_blob(session, sha):
+        for _ in range(PUT_ATTEMPTS):
+            if await _lock_blob(session, sha, for_delete=False):
+                break
             try:
                 async with session.begin_nested():
                     session.add(
@@ -121,35 +132,70 @@ class AdapterStore:
                             data=data if self.kind == "database" else None,
                         )
                     )
+                break
             except IntegrityError:
-                pass  # another replica stored the same content a moment ago
+                continue  # another replica stored the same content a moment ago: lock that
+        else:
+            raise DatabaseUnavailable()  # inserted and deleted under us every time
+        path = None
+        if self.kind == "directory":  # after the row is ours: a delete cannot move it aside now
+            path = self.blob_dir(sha)
+            await asyncio.to_thread(_write_dir, path, files)
         return StoredBundle(sha256=sha, storage_path=None if path is None else str(path))
 
     async def release(self, session: AsyncSession, sha256: str) -> list[Path]:
         """Delete `sha256`'s blob if no version names it any more (call after deleting one, in
         the same transaction); the directories to remove once it commits."""
         await session.flush()
+        if not await _lock_blob(session, sha256, for_delete=True):
+            return []
+        # A statement after the lock: on PostgreSQL it sees an upload that held the row.
         named = await session.scalar(select(func.count()).where(Adapter.sha256 == sha256))
         if named:
             return []
         await session.execute(delete(AdapterBlob).where(AdapterBlob.sha256 == sha256))
-        return [self.blob_dir(sha256)] if self.kind == "directory" else []
+        return self._set_aside([sha256])
 
     async def collect_garbage(self, session: AsyncSession) -> list[Path]:
-        """Delete every blob no version names (after a tenant's versions went by cascade)."""
-        orphans = list(
+        """Delete every blob no version names (after a tenant's versions went by cascade). A
+        blob an upload holds is skipped: its version is about to name it."""
+        unnamed = AdapterBlob.sha256.not_in(select(Adapter.sha256))
+        candidates = list(
             (
                 await session.scalars(
-                    select(AdapterBlob.sha256).where(
-                        AdapterBlob.sha256.not_in(select(Adapter.sha256))
-                    )
+                    select(AdapterBlob.sha256).where(unnamed).with_for_update(skip_locked=True)
                 )
             ).all()
         )
-        if orphans:
-            await session.execute(delete(AdapterBlob).where(AdapterBlob.sha256.in_(orphans)))
-            await session.commit()
-        return [self.blob_dir(sha) for sha in orphans]
+        if not candidates:
+            return []
+        orphans = list(
+            (
+                await session.scalars(
+                    delete(AdapterBlob)
+                    .where(AdapterBlob.sha256.in_(candidates), unnamed)
+                    .returning(AdapterBlob.sha256)
+                )
+            ).all()
+        )
+        gone = self._set_aside(orphans)
+        await session.commit()
+        return gone
+
+    def _set_aside(self, shas: list[str]) -> list[Path]:
+        """The directory store's blob directories renamed out of the way (before the delete
+        commits, under the row lock): the paths to remove after it commits."""
+        if self.kind != "directory":
+            return []
+        aside = []
+        for sha in shas:
+            target = self.root / BLOBS_DIR / f".released-{uuid.uuid4().hex}"
+            try:
+                os.rename(self.blob_dir(sha), target)
+            except FileNotFoundError:
+                continue
+            aside.append(target)
+        return aside
 
     async def open_bundle(
         self, sessionmaker: async_sessionmaker[AsyncSession], adapter_id: str
@@ -220,6 +266,17 @@ class AdapterStore:
                 await session.rollback()
                 return 0
         return adopted
+
+
+async def _lock_blob(session: AsyncSession, sha256: str, *, for_delete: bool) -> bool:
+    """Whether the blob row exists, locked until the transaction ends: FOR UPDATE to delete
+    it, else FOR SHARE (uploads of the same content do not wait for each other)."""
+    found = await session.scalar(
+        select(AdapterBlob.sha256)
+        .where(AdapterBlob.sha256 == sha256)
+        .with_for_update(read=not for_delete)
+    )
+    return found is not None
 
 
 async def _has_blob(session: AsyncSession, sha256: str) -> bool:
