@@ -40,6 +40,7 @@ async def two_models(
         model_factory(), tmp_path_factory.mktemp("two-models"),
         models=[{"name": SMALL, "path": str(small_dir), "engine": {"num_kv_blocks": 512}}],
         engine={"dtype": "float32"},
+        prices={SMALL: {"prompt": "1000", "completion": "2000"}},  # tiny is free
     )  # fmt: skip
     async with running_gateway(settings, secret_scan) as gw:
         yield gw
@@ -115,6 +116,10 @@ async def test_requests_run_on_their_models_pool(two_models: Gateway, model_fact
             body = gw.chat_body("Hello there", model=model, max_tokens=4)
             r = await gw.client.post("/v1/chat/completions", headers=tenant.headers, json=body)
             assert r.status_code == 200 and r.json()["model"] == model, r.text
+        # prices key by the base model a request ran on: small's (and its adapter's), not tiny's
+        costs = {r.model: r.cost_micros for r in await gw.usage_records(tenant)}
+        assert costs["tiny"] == costs["t-ad"] == 0
+        assert costs[SMALL] > 0 and costs["s-ad"] > 0
         # tiny: tiny, t-ad, the chat (its 400 never reached an engine); small: four
         assert len(tiny.requests) == 3 and tiny.requests[-1].model is None
         assert len(small.requests) == 4 and small.requests[-1].model == ad_ids["s-ad"]
