@@ -198,6 +198,12 @@ class GatewaySettings(TenancySettings):
         """A `models` entry's engine options: these with the entry's over them. Adapters
         served from the start (`lora_modules`) belong to the primary model: never carried."""
         base = self.engine.model_dump(exclude={"lora_modules"}, exclude_unset=True)
+        cache = self.engine.adapter_cache_dir
+        if cache and "adapter_cache_dir" not in entry.engine:
+            # Its own disk cache beside the primary's: two caches' evictions in one directory
+            # would delete each other's adapters.
+            safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in entry.name)
+            base["adapter_cache_dir"] = f"{cache.rstrip('/')}-{safe}"
         return EngineSettings.model_validate({**base, **entry.engine})
 
     @property

@@ -20,6 +20,7 @@ from sqlalchemy import update
 from version_checks import admin_headers
 
 from gateway.demo.adapters import demo_adapter_files
+from gateway.model_entries import model_view
 from tenancy.adapters.archive import UploadedFile
 from tenancy.settings import BaseModelSpec
 from tenancy.sql.models import Adapter
@@ -260,5 +261,15 @@ def test_settings_errors_name_the_entry(tmp_path: Path, model_factory: Any) -> N
         with pytest.raises(ValidationError) as caught:
             gateway_settings(tiny, tmp_path, models=models, **extra)
         assert field in str(caught.value), (field, str(caught.value))
-    ok = gateway_settings(tiny, tmp_path, models=[{"name": SMALL, "path": str(small)}])
+    ok = gateway_settings(
+        tiny, tmp_path, models=[{"name": SMALL, "path": str(small), "engine": {"max_num_seqs": 4}}],
+        engine={"adapter_cache_dir": str(tmp_path / "cache"), "max_num_seqs": 8},
+    )  # fmt: skip
     assert ok.model_names == ["tiny", SMALL]
+    view = model_view(ok, ok.models[0])
+    # small's own checkpoint, shapes and engine options over the gateway's; its own disk cache
+    assert view.model_name == SMALL and view.base_model.name == SMALL
+    assert view.base_model.hidden_size == 768 and ok.base_model.hidden_size == 256
+    assert view.engine.max_num_seqs == 4 and ok.engine.max_num_seqs == 8
+    assert view.engine.adapter_cache_dir == str(tmp_path / "cache") + "-small"
+    assert view.engine_mode == "inprocess" and view.models == []
