@@ -5,7 +5,6 @@ API calls; tables for people, `--json` for scripts (the API's answer as it is)."
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import getpass
 import sys
 from collections.abc import Callable
@@ -209,8 +208,7 @@ def adapters_upload(c: AdminClient, a: argparse.Namespace) -> None:
     try:
         limits = _upload_limits(c)
         if limits is not None:
-            if a.base_model is not None:  # checked against that model's name (the server: shapes)
-                limits = dataclasses.replace(limits, base_model=a.base_model)
+            limits = limits.for_base_model(a.base_model)  # the server checks its shapes
             check_upload(a.source, files_of(a.source), name=a.name, limits=limits)
         created = upload(
             c, path, name=a.name, source=a.source, quiet=a.json, activate=not a.no_activate,

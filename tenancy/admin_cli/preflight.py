@@ -10,6 +10,7 @@ that cannot be read here is left to the server, which names the problem.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tarfile
 import zipfile
@@ -27,7 +28,8 @@ class UploadLimits:
     max_upload_bytes: int
     max_files: int
     max_name_length: int
-    base_model: str
+    base_model: str  # the one an upload is checked against: the primary, or --base-model's
+    base_models: tuple[str, ...] = ()  # every one the server serves (() from an older server)
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> UploadLimits:
@@ -37,7 +39,18 @@ class UploadLimits:
             max_files=int(data["max_files"]),
             max_name_length=int(data["max_name_length"]),
             base_model=str(data["base_model"]),
+            base_models=tuple(str(m) for m in data.get("base_models", [data["base_model"]])),
         )
+
+    def for_base_model(self, name: str | None) -> UploadLimits:
+        """The limits an upload for `name` (None: the primary) is checked against; ValueError
+        for a base model the server does not serve."""
+        if name is None:
+            return self
+        if self.base_models and name not in self.base_models:
+            served = ", ".join(repr(m[:200]) for m in self.base_models)
+            raise ValueError(f"--base-model {name[:200]!r} is not served here (served: {served})")
+        return dataclasses.replace(self, base_model=name)
 
 
 def _read_member(source: Path) -> bytes | None:

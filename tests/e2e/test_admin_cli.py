@@ -159,6 +159,13 @@ def test_adapters(cli: Cli, tiny_model_dir: Path, tmp_path: Path) -> None:
     assert limits["base_model"] == MODEL and "q_proj" in limits["target_modules"]
     code, out, _ = cli.run("adapters", "limits")
     assert code == 0 and "max rank" in out
+    # --base-model: one the server serves (here its one model), else refused before sending
+    on_base = cli.json("adapters", "upload", tenant, str(source), "--name", "on-base",
+                       "--base-model", MODEL)  # fmt: skip
+    assert on_base["base_model"] == MODEL and limits["base_models"] == [MODEL]
+    code, _, err = cli.run("adapters", "upload", tenant, str(source), "--name", "y",
+                           "--base-model", "huge")  # fmt: skip
+    assert code == 2 and "--base-model 'huge' is not served" in err
     odd = _adapter_dir(tiny_model_dir, tmp_path / "odd", rank_pattern={"q_proj": rank},
                        base_model_name_or_path="other/model")  # fmt: skip
     code, _, err = cli.run("adapters", "upload", tenant, str(odd), "--name", "n" * length)
