@@ -339,10 +339,15 @@ class HttpEngineClient:
                 response = await self._send(replica, body, headers)
             if response.status != 200:
                 try:
-                    error = _error_for(response.status, await response.read())
+                    content = await response.read()
+                    error = _error_for(response.status, content)
                 except WireError:
-                    error = EngineFailed("The engine failed.", status_code=502)
+                    content, error = b"", EngineFailed("The engine failed.", status_code=502)
                 response.close()
+                if self._vllm and vllm_dialect.is_unloadable(response.status, content):
+                    # its resolver refused the bundle: not the client's fault (as _load_adapter)
+                    reason = f"The adapter could not be loaded: {error.message}"
+                    raise _TryNext(EngineFailed(reason, status_code=502))
                 if response.status >= 500:
                     raise _TryNext(error)
                 raise error

@@ -14,6 +14,9 @@ differences, each found against the real server (tests/vllm):
   (`generate-tokens-<ours>`): its abort route only knows that name. The route is
   `/inference/v1/abort_requests` (`/abort_requests` is a legacy path of `--tokens-only` alone).
 - Loading an adapter it already holds is a 400 that says so (loragate's engine: 200).
+- An adapter its resolver found but could not load (loragate's plugin refused the bundle: a
+  wrong hash, a truncated transfer) fails the request with a 400 that says so, where loragate's
+  engine refuses the load itself; both reach the client as "The adapter could not be loaded".
 - `/v1/models` lists loaded adapters (with `parent`, the base model) but no tier.
 - Greedy sampling with `n` > 1 is a 400 (loragate's engine allows it).
 - Priorities: lower runs earlier, as in loragate (`tenancy/priority.py` maps them).
@@ -31,6 +34,7 @@ from typing import Any
 from engine.protocol import GenerateRequest, GenerateResponse
 
 _ALREADY_LOADED = "has already been loaded"
+_NOT_LOADABLE = "was found but could not be loaded"
 ABORT_PATH = "/inference/v1/abort_requests"
 
 
@@ -111,3 +115,8 @@ def adapter_residency(models: object) -> dict[str, str]:
         if isinstance(entry, dict) and isinstance(entry.get("id"), str) and entry.get("parent"):
             loaded[entry["id"]] = "cpu"
     return loaded
+
+
+def is_unloadable(status: int, body: bytes) -> bool:
+    """vLLM's answer to a request whose adapter its resolver found but could not load."""
+    return status == 400 and _NOT_LOADABLE in body.decode("utf-8", errors="replace")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import tempfile
 from typing import Any
 
 from lora.errors import AdapterError, AdapterNotFoundError
@@ -43,6 +44,8 @@ class GatewayResolver:
 
     def __init__(self, adapters: FetchedAdapters) -> None:
         self.adapters = adapters
+        # Empty, never written: what a refused adapter's request points vLLM's loader at.
+        self._refused_dir = tempfile.mkdtemp(prefix="loragate-refused-")
 
     async def resolve_lora(self, base_model_name: str, lora_name: str) -> Any:
         from vllm.lora.request import LoRARequest
@@ -52,9 +55,12 @@ class GatewayResolver:
         except AdapterNotFoundError:
             return None  # vLLM answers 404: no such model
         except AdapterError as exc:
-            # Refused (a wrong hash, a truncated transfer): never loaded; vLLM fails the request.
+            # Refused (a wrong hash, a truncated transfer): never loaded. Raising here would be
+            # vLLM's bare 500; a request for a directory with nothing in it fails vLLM's load,
+            # which answers the 400 "LoRA adapter '<name>' was found but could not be loaded."
+            # that the gateway turns into the loragate engine's "could not be loaded" (502).
             log.error("loragate adapter %s refused: %s", lora_name[:80], exc.message)
-            raise
+            return LoRARequest(lora_name=lora_name, lora_int_id=1, lora_path=self._refused_dir)
         # lora_int_id is vLLM's to assign (resolve_lora overwrites it; it must be > 0 here)
         return LoRARequest(lora_name=lora_name, lora_int_id=1, lora_path=path)
 
