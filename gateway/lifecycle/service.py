@@ -2,8 +2,9 @@
 
     route -> serve(request, ctx, job)
                plan      resolve the model (404), name the request, clamp its priority, plan
-                         the job (4xx), check its output constraint in full (grammars.py, 400);
-                         nothing is reserved yet
+                         the job (4xx) on its base model's pool (its tokenizer and limits),
+                         check its output constraint in full (grammars.py, 400); nothing is
+                         reserved yet
                run       a `Run` in a task of its own: admit -> open engine streams ->
                          stream/collect -> settle + record (run.py, bookkeeping.py)
                respond   whole or streamed, from the run's answer (`respond`, below)
