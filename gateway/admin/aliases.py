@@ -11,10 +11,20 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, status
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from gateway.admin.deps import AdapterRemovalDep, AuditDep, PrincipalDep, RuntimeDep, SessionDep
+from gateway.admin.deps import (
+    AdapterRemoval,
+    AdapterRemovalDep,
+    AuditDep,
+    PrincipalDep,
+    RuntimeDep,
+    SessionDep,
+)
+from tenancy.auth.principal import AuditContext
 from tenancy.crud import adapters as versions
 from tenancy.crud import aliases as crud
+from tenancy.runtime import TenancyRuntime
 from tenancy.schemas import AliasOut, AliasSwitch, CanaryIn
 
 router = APIRouter(tags=["adapters"])
@@ -59,12 +69,7 @@ async def switch_alias(
     runtime: RuntimeDep,
     removal: AdapterRemovalDep,
 ) -> object:
-    out = await crud.switch_alias(
-        session, ctx=ctx, tenant_id=tenant_id, name=name, version=body.version,
-        serving_model=runtime.adapters.serving_model,
-    )  # fmt: skip
-    removal.changed()
-    return out
+    return await _switch(session, ctx, runtime, removal, tenant_id, name, body.version)
 
 
 @router.put(PUBLIC + "/{name}", response_model=AliasOut)
@@ -76,12 +81,7 @@ async def switch_public_alias(
     runtime: RuntimeDep,
     removal: AdapterRemovalDep,
 ) -> object:
-    out = await crud.switch_alias(
-        session, ctx=ctx, tenant_id=None, name=name, version=body.version,
-        serving_model=runtime.adapters.serving_model,
-    )  # fmt: skip
-    removal.changed()
-    return out
+    return await _switch(session, ctx, runtime, removal, None, name, body.version)
 
 
 @router.put(TENANT + "/{name}/canary", response_model=AliasOut)
@@ -94,12 +94,7 @@ async def set_canary(
     runtime: RuntimeDep,
     removal: AdapterRemovalDep,
 ) -> object:
-    out = await crud.set_canary(
-        session, ctx=ctx, tenant_id=tenant_id, name=name, version=body.version,
-        weight=body.weight, serving_model=runtime.adapters.serving_model,
-    )  # fmt: skip
-    removal.changed()
-    return out
+    return await _canary(session, ctx, runtime, removal, tenant_id, name, body)
 
 
 @router.put(PUBLIC + "/{name}/canary", response_model=AliasOut)
@@ -111,9 +106,40 @@ async def set_public_canary(
     runtime: RuntimeDep,
     removal: AdapterRemovalDep,
 ) -> object:
-    out = await crud.set_canary(
-        session, ctx=ctx, tenant_id=None, name=name, version=body.version, weight=body.weight,
+    return await _canary(session, ctx, runtime, removal, None, name, body)
+
+
+async def _switch(
+    session: AsyncSession,
+    ctx: AuditContext,
+    runtime: TenancyRuntime,
+    removal: AdapterRemoval,
+    tenant_id: str | None,
+    name: str,
+    version: int,
+) -> object:
+    """A tenant's alias or (tenant_id None) a public one, pointed at `version`."""
+    out = await crud.switch_alias(
+        session, ctx=ctx, tenant_id=tenant_id, name=name, version=version,
         serving_model=runtime.adapters.serving_model,
+    )  # fmt: skip
+    removal.changed()
+    return out
+
+
+async def _canary(
+    session: AsyncSession,
+    ctx: AuditContext,
+    runtime: TenancyRuntime,
+    removal: AdapterRemoval,
+    tenant_id: str | None,
+    name: str,
+    body: CanaryIn,
+) -> object:
+    """The same with a canary version at `body.weight`."""
+    out = await crud.set_canary(
+        session, ctx=ctx, tenant_id=tenant_id, name=name, version=body.version,
+        weight=body.weight, serving_model=runtime.adapters.serving_model,
     )  # fmt: skip
     removal.changed()
     return out
