@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
 
 from gateway.admin import admin_router
 from gateway.api_docs.openapi import OPENAPI_URL, install_openapi
@@ -41,6 +42,7 @@ from gateway.routes import chat, completions, generate, health, internal, models
 from gateway.routes.direct import DirectRoutes, post_endpoints
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
+from gateway.telemetry.engines import EngineRegistries
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.tracing import Tracing
 from gateway.text.tokenizer import Tokenizer
@@ -120,11 +122,15 @@ async def build_state(
     metrics = GatewayMetrics(
         max_tenants=settings.max_metric_tenants, max_models=settings.max_metric_models
     )
-    # The primary engine's metrics only: every engine's collectors share metric names, which
-    # one registry refuses twice.
-    register = getattr(engine, "register_metrics", None)
-    if register is not None:
-        register(metrics.registry)
+    # Every in-process engine's own metrics, a registry each, merged at scrape time.
+    engine_registries = []
+    for each in (engine, *(pool.engine for pool in built)):
+        register = getattr(each, "register_metrics", None)
+        if register is not None:
+            engine_registries.append(CollectorRegistry())
+            register(engine_registries[-1])
+    if engine_registries:
+        metrics.registry.register(EngineRegistries(engine_registries))
     usage = UsageWriter(
         runtime.sessionmaker,
         flush_interval_s=settings.usage_flush_interval_s,

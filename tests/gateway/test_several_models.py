@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from gateway_harness import Gateway, RecordingClient, SecretScan, gateway_settings, running_gateway
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 from version_checks import admin_headers
 
@@ -127,6 +128,38 @@ async def test_requests_run_on_their_models_pool(two_models: Gateway, model_fact
     finally:
         gw.stop_recording(tiny)
         gw.state.others[SMALL].engine = small.inner
+
+
+@MODULE_LOOP
+async def test_each_engine_s_metrics_on_one_metrics_page(two_models: Gateway) -> None:
+    """Both in-process engines' vLLM-named series on /metrics, by model_name, in a page the
+    Prometheus parser reads (each family once)."""
+    gw = two_models
+    tenant = await gw.tenant()
+    for model, count in (("tiny", 1), (SMALL, 2)):
+        for _ in range(count):
+            r = await _generate(gw, tenant.headers, model, [5, 17, 99])
+            assert r.status_code == 200, r.text
+    text = (await gw.client.get("/metrics")).text
+    families = list(text_string_to_metric_families(text))
+    names = [f.name for f in families]
+    assert len(names) == len(set(names)), "a family appears twice"
+    counts = {
+        s.labels["model_name"]: s.value
+        for f in families
+        if f.name == "vllm:time_to_first_token_seconds"
+        for s in f.samples
+        if s.name.endswith("_count")
+    }
+    # at least this test's requests (the module's gateway served others before)
+    assert counts["tiny"] >= 1 and counts[SMALL] >= 2, counts
+    running = {
+        s.labels["model_name"]
+        for f in families
+        if f.name == "vllm:num_requests_running"
+        for s in f.samples
+    }
+    assert running == {"tiny", SMALL}
 
 
 async def _adapters(gw: Gateway, admin: dict[str, str], tenant_id: str) -> Any:
