@@ -15,7 +15,8 @@ three engines' caches together throughout, and in one engine's only for the firs
 the regime where a fleet's cache grows with its engines only if routing splits the working set
 between them. With more cache an engine keeps every conversation's earlier turns, so a
 least-loaded fleet finds most of a prompt on whichever engine it picks and the ratios shrink
-(`--kv-cache-gb`; bench/RESULTS.md has 0.2, 0.3 and 1 GiB).
+(`--kv-cache-gb`; bench/RESULTS.md has 0.1, 0.2 and 1 GiB: at 0.1 the working set outgrows
+the fleet's cache).
 
 Rounds interleave: round k sends turn k of every conversation of one policy, then of the other
 (the first policy alternates), in a seeded shuffled order, a fixed number in flight. Reported per
