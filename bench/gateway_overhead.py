@@ -329,9 +329,13 @@ def main() -> int:
             }
         print(f"started in {time.monotonic() - started:.1f}s", file=sys.stderr)
         results.update(measure(standin_targets, args, workdir))
-        # 64-token streams, stand-in direct and through the default gateway (acceptance 3).
+        # 64-token streams, stand-in direct and through the default gateway (acceptance 3), and
+        # through the baseline's in the same rounds.
+        stream_targets = {"direct": (standin, None), "via": (gateway, key)}
+        if args.baseline_src:
+            stream_targets["baseline"] = standin_targets["stand-in via baseline gateway"][:2]
         stream = stream_report(
-            {"direct": (standin, None), "via": (gateway, key)},
+            stream_targets,
             rounds=args.rounds,
             requests=50 if args.quick else 200,
         )

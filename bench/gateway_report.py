@@ -117,6 +117,14 @@ def print_table(results: dict[str, dict[str, Any]], report: dict[str, Any]) -> N
             f"{st['added_per_chunk_ms']['c1']:.4f} ms (one connection), "
             f"{st['added_per_chunk_ms']['c16']:.4f} ms (16 connections)"
         )
+        if "baseline" in st:
+            sb = st["baseline"]
+            print(
+                f"  baseline's streams: first byte added p50 {sb['added_ttfb_ms']['p50']:.3f} ms"
+                f" (this code / baseline x{st.get('ratio_added_ttfb_p50', float('nan')):.3f}); "
+                f"per chunk {sb['added_per_chunk_ms']['c1']:.4f} / "
+                f"{sb['added_per_chunk_ms']['c16']:.4f} ms"
+            )
     for stack, r in report.get("stacks", {}).items():
         print(
             f"gateway on {stack}: p50 {r['added_ms']['p50']:.3f} ms added, "

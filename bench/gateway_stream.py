@@ -92,8 +92,9 @@ def measure_streams(url: str, key: str | None, *, connections: int, requests: in
 def stream_report(
     targets: dict[str, tuple[str, str | None]], *, rounds: int, requests: int
 ) -> dict[str, Any]:
-    """`targets`: "direct" and "via" (url, key). Interleaved rounds; medians over the rounds of
-    each round's p50."""
+    """`targets`: "direct" and "via" (url, key), and "baseline" (another gateway: the code of
+    `--baseline-src`) when given. Interleaved rounds; medians over the rounds of each round's
+    p50."""
     p50: dict[str, dict[str, list[float]]] = {
         name: {"ttfb_1": [], "total_1": [], "total_16": []} for name in targets
     }
@@ -107,13 +108,26 @@ def stream_report(
             p50[name]["total_1"].append(statistics.median(one.total_ms))
             p50[name]["total_16"].append(statistics.median(many.total_ms))
     med = {n: {k: statistics.median(v) for k, v in d.items()} for n, d in p50.items()}
-    direct, via = med["direct"], med["via"]
-    return {
+    report: dict[str, Any] = {
         "tokens": STREAM_TOKENS,
+        **_added(med["via"], med["direct"]),
+        "p50_ms": {name: {k: round(v, 3) for k, v in d.items()} for name, d in med.items()},
+    }
+    if "baseline" in med:
+        base = _added(med["baseline"], med["direct"])
+        report["baseline"] = base
+        if base["added_ttfb_ms"]["p50"] > 0:
+            ratio = report["added_ttfb_ms"]["p50"] / base["added_ttfb_ms"]["p50"]
+            report["ratio_added_ttfb_p50"] = round(ratio, 3)
+    return report
+
+
+def _added(via: dict[str, float], direct: dict[str, float]) -> dict[str, Any]:
+    """What a gateway adds to the stand-in alone: to the first byte, and per chunk."""
+    return {
         "added_ttfb_ms": {"p50": round(via["ttfb_1"] - direct["ttfb_1"], 3)},
         "added_per_chunk_ms": {
             "c1": round((via["total_1"] - direct["total_1"]) / STREAM_TOKENS, 4),
             "c16": round((via["total_16"] - direct["total_16"]) / STREAM_TOKENS, 4),
         },
-        "p50_ms": {name: {k: round(v, 3) for k, v in d.items()} for name, d in med.items()},
     }

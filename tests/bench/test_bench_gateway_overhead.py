@@ -43,6 +43,36 @@ def test_wrk_output_is_parsed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     assert not list(tmp_path.iterdir())  # the script holding the key is gone
 
 
+def test_streams_through_the_baseline_are_reported_beside_this_code_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With --baseline-src the streams go through the baseline's gateway in the same rounds,
+    and each gateway's added time is against the stand-in alone (the sockets faked here: the
+    timings are fixed per URL)."""
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    import gateway_stream
+
+    ttfb = {"http://direct": 0.5, "http://via": 2.0, "http://base": 3.0}  # ms
+
+    def measure(url: str, key: str | None, **_: int) -> object:
+        total = ttfb[url] + 64 * (0.01 if url == "http://direct" else 0.05)
+        return gateway_stream.StreamTimes([ttfb[url]] * 3, [total] * 3)
+
+    monkeypatch.setattr(gateway_stream, "measure_streams", measure)
+    targets = {"direct": ("http://direct", None), "via": ("http://via", "k"),
+               "baseline": ("http://base", "k")}  # fmt: skip
+    report = gateway_stream.stream_report(targets, rounds=2, requests=3)
+    assert report["added_ttfb_ms"]["p50"] == 1.5
+    assert report["baseline"]["added_ttfb_ms"]["p50"] == 2.5
+    assert report["ratio_added_ttfb_p50"] == 0.6
+    assert report["baseline"]["added_per_chunk_ms"]["c1"] == pytest.approx(
+        2.5 / 64 + 0.04, abs=1e-4
+    )
+    assert "baseline" not in gateway_stream.stream_report(
+        {k: targets[k] for k in ("direct", "via")}, rounds=1, requests=3
+    )
+
+
 def test_a_chat_target_posts_the_chat_body_to_the_chat_route(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
