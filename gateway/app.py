@@ -119,12 +119,13 @@ async def build_state(
         await runtime.close()
         raise
     others = {pool.name: pool for pool in built}
+    engines = [engine, *(pool.engine for pool in built)]  # every model's, the primary's first
     metrics = GatewayMetrics(
         max_tenants=settings.max_metric_tenants, max_models=settings.max_metric_models
     )
     # Every in-process engine's own metrics, a registry each, merged at scrape time.
     engine_registries = []
-    for each in (engine, *(pool.engine for pool in built)):
+    for each in engines:
         register = getattr(each, "register_metrics", None)
         if register is not None:
             engine_registries.append(CollectorRegistry())
@@ -149,7 +150,7 @@ async def build_state(
     alerts.start()
     tracing = Tracing.from_settings(settings)  # None unless LORAGATE_OTEL_ENDPOINT is set
     if tracing is not None:
-        for traced in (engine, *(pool.engine for pool in others.values())):
+        for traced in engines:
             tracing.instrument(traced)
     lifecycle = RequestLifecycle(
         settings=settings,

@@ -205,8 +205,3 @@ class GatewaySettings(TenancySettings):
             safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in entry.name)
             base["adapter_cache_dir"] = f"{cache.rstrip('/')}-{safe}"
         return EngineSettings.model_validate({**base, **entry.engine})
-
-    @property
-    def model_names(self) -> list[str]:
-        """Every served base model, the primary first."""
-        return [self.model_name, *(entry.name for entry in self.models)]

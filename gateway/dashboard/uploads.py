@@ -56,7 +56,8 @@ async def _adapters_page(
     return page(
         dashboard, request, "adapters.html", status, viewer=viewer, tenant=tenant,
         adapters=adapters, limits=settings.adapter_limits, base_model=settings.base_model.name,
-        base_models=state.tenancy.adapters.base_models, error=error, tab="adapters", aliases=aliases, versions=_own_versions(adapters),
+        base_models=state.tenancy.adapters.base_models, error=error, tab="adapters",
+        aliases=aliases, versions=_own_versions(adapters),
     )  # fmt: skip
 
 

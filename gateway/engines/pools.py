@@ -30,10 +30,8 @@ from tenancy.settings import BaseModelSpec
 class ModelPool:
     name: str  # the served name: what `model` takes, and an adapter's `base_model`
     base: BaseModelSpec  # the shapes its adapters must fit
-    settings: GatewaySettings  # the gateway's settings as this model's pool reads them
-    tokenizer: Tokenizer
     engine: EngineClient
-    planner: Planner
+    planner: Planner  # with the model's tokenizer and chat template, and its engine's limits
     # Output constraints are compiled by the engine that runs them (its tokenizer's vocabulary).
     grammars: GrammarChecks
 
@@ -45,8 +43,6 @@ def make_pool(settings: GatewaySettings, tokenizer: Tokenizer, engine: EngineCli
     return ModelPool(
         name=settings.model_name,
         base=settings.base_model,
-        settings=settings,
-        tokenizer=tokenizer,
         engine=engine,
         planner=planner,
         grammars=GrammarChecks(engine.check_constraint),

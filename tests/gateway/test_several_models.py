@@ -298,7 +298,7 @@ def test_settings_errors_name_the_entry(tmp_path: Path, model_factory: Any) -> N
         tiny, tmp_path, models=[{"name": SMALL, "path": str(small), "engine": {"max_num_seqs": 4}}],
         engine={"adapter_cache_dir": str(tmp_path / "cache"), "max_num_seqs": 8},
     )  # fmt: skip
-    assert ok.model_names == ["tiny", SMALL]
+    assert [ok.model_name, *(entry.name for entry in ok.models)] == ["tiny", SMALL]
     view = model_view(ok, ok.models[0])
     # small's own checkpoint, shapes and engine options over the gateway's; its own disk cache
     assert view.model_name == SMALL and view.base_model.name == SMALL
