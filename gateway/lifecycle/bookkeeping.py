@@ -116,16 +116,15 @@ class Bookkeeping:
 
     def _observe(self, run: Run, num_completion: int) -> None:
         now = time.perf_counter()
-        m = self._metrics
-        labels = m.labels(run.target.ctx.tenant_id, run.target.model.name)
-        m.requests.labels(*labels).inc()
-        m.prompt_tokens.labels(*labels).inc(run.num_prompt_tokens)
-        m.completion_tokens.labels(*labels).inc(num_completion)
-        m.cached_tokens.labels(*labels).inc(run.output.num_cached_tokens)
-        m.e2e.labels(*labels).observe(now - run.started)
-        m.overhead.labels(*labels).observe(max(0.0, now - run.started - run.engine_wait_s))
+        series = self._metrics.series(run.target.ctx.tenant_id, run.target.model.name)
+        series.requests.inc()
+        series.prompt_tokens.inc(run.num_prompt_tokens)
+        series.completion_tokens.inc(num_completion)
+        series.cached_tokens.inc(run.output.num_cached_tokens)
+        series.e2e.observe(now - run.started)
+        series.overhead.observe(max(0.0, now - run.started - run.engine_wait_s))
         if run.first_token_at is not None:
-            m.ttft.labels(*labels).observe(max(0.0, run.first_token_at - run.started))
+            series.ttft.observe(max(0.0, run.first_token_at - run.started))
 
 
 def _watch(run: Run, alerts: AlertService) -> None:

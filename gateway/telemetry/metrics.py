@@ -11,6 +11,8 @@ bounded, so no client can grow /metrics by sending random model names or creatin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from engine.protocol import tenant_label as hashed_tenant
@@ -57,6 +59,20 @@ class BoundedLabel:
         return OTHER
 
 
+@dataclass(frozen=True)
+class RequestSeries:
+    """One (tenant, model) pair's children of the per-request metrics: looked up once, since
+    a `labels()` call costs a lock and a dict lookup per metric (seven a request)."""
+
+    requests: Counter
+    prompt_tokens: Counter
+    completion_tokens: Counter
+    cached_tokens: Counter
+    ttft: Histogram
+    e2e: Histogram
+    overhead: Histogram
+
+
 class GatewayMetrics:
     def __init__(self, *, max_tenants: int, max_models: int) -> None:
         self.registry = CollectorRegistry()
@@ -64,6 +80,8 @@ class GatewayMetrics:
         self._max_models = max_models
         # tenant label -> its model names; at most max_tenants + 2 entries (other, no tenant).
         self._model_labels: dict[str, BoundedLabel] = {}
+        # (tenant label, model label) -> its series; bounded as the labels are.
+        self._series: dict[tuple[str, str], RequestSeries] = {}
         labels = ["tenant", "model"]
         r = self.registry
         self.requests = Counter(
@@ -105,6 +123,21 @@ class GatewayMetrics:
         if models is None:
             models = self._model_labels[tenant_label] = BoundedLabel(self._max_models)
         return tenant_label, models(model) if model else UNKNOWN
+
+    def series(self, tenant: str | None, model: str | None) -> RequestSeries:
+        labels = self.labels(tenant, model)
+        found = self._series.get(labels)
+        if found is None:
+            found = self._series[labels] = RequestSeries(
+                requests=self.requests.labels(*labels),
+                prompt_tokens=self.prompt_tokens.labels(*labels),
+                completion_tokens=self.completion_tokens.labels(*labels),
+                cached_tokens=self.cached_tokens.labels(*labels),
+                ttft=self.ttft.labels(*labels),
+                e2e=self.e2e.labels(*labels),
+                overhead=self.overhead.labels(*labels),
+            )
+        return found
 
     def reject(self, tenant: str | None, model: str | None, code: str | None) -> str:
         """Count a rejection; returns its reason label (the code, or `other`)."""
