@@ -165,7 +165,8 @@ class PolicyService:
         self.base_model = base_model
         self.base_models = (base_model, *other_models)
         self.started_at = int(time.time())  # the base model's `created`
-        self._subjects: TtlCache[tuple[str, str], list[QuotaSubject]] = TtlCache(cache_ttl_s)
+        # by (tenant, key, base model): a request on a model counts its model's policies too
+        self._subjects: TtlCache[tuple[str, str, str], list[QuotaSubject]] = TtlCache(cache_ttl_s)
         self._adapters: TtlCache[str, AdapterCatalog] = TtlCache(cache_ttl_s)
         # by (base model, adapter id); "" the base model itself
         self._prices: TtlCache[tuple[str, str], Price] = TtlCache(cache_ttl_s)
@@ -189,15 +190,21 @@ class PolicyService:
         """The tier's default, or the hint clamped into the tier's band (never more urgent)."""
         return self._runtime.priority.engine_priority(ctx.tier, hint)
 
-    async def subjects(self, ctx: TenantContext) -> list[QuotaSubject]:
+    async def subjects(self, ctx: TenantContext, model: str | None = None) -> list[QuotaSubject]:
+        """What a request on served base model `model` (None: the primary) is counted against:
+        the tenant's and key's all-models policies, and their policies for that model."""
+        model = model or self.base_model
+
         async def load() -> list[QuotaSubject]:
             try:
                 async with self._runtime.sessionmaker() as session:
-                    return await subjects_for(session, tenant_id=ctx.tenant_id, key_id=ctx.key_id)
+                    return await subjects_for(
+                        session, tenant_id=ctx.tenant_id, key_id=ctx.key_id, model=model
+                    )
             except (OperationalError, DBAPIError, OSError) as exc:
                 raise DatabaseUnavailable() from exc
 
-        return await self._subjects.get((ctx.tenant_id, ctx.key_id), load)
+        return await self._subjects.get((ctx.tenant_id, ctx.key_id, model), load)
 
     async def adapters(
         self, ctx: TenantContext, *, max_age_s: float | None = None

@@ -100,6 +100,7 @@ class QuotaPolicyOut(QuotaLimitsIn):
     model_config = ConfigDict(from_attributes=True, extra="ignore")
     tenant_id: str
     api_key_id: str | None
+    model: str | None = None  # the served base model it counts; None: every model
 
 
 class AdapterOut(BaseModel):

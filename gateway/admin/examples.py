@@ -31,7 +31,7 @@ LIMITS = {
     "daily_token_budget": 5000000, "monthly_token_budget": None,
     "daily_spend_budget_micros": 25000000, "monthly_spend_budget_micros": None,
 }  # fmt: skip
-POLICY = {**LIMITS, "tenant_id": TENANT_ID, "api_key_id": None}
+POLICY = {**LIMITS, "tenant_id": TENANT_ID, "api_key_id": None, "model": None}
 ADAPTER = {
     "id": ADAPTER_ID, "owner_tenant_id": TENANT_ID, "name": "support-bot", "version": 2,
     "base_model": "tiny", "rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"],
@@ -155,6 +155,10 @@ ADMIN_EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
         "request": {**LIMITS, "requests_per_minute": 60},
         "response": {**POLICY, "requests_per_minute": 60, "api_key_id": KEY_ID},
     },
+    ("get", T + "/quota-policies"): {"response": [
+        POLICY, {**POLICY, "requests_per_minute": 60, "model": "small"},
+        {**POLICY, "requests_per_minute": 30, "api_key_id": KEY_ID, "model": "small"},
+    ]},
     ("get", T + "/quota-state"): {"response": QUOTA_STATE_EXAMPLE},
     ("get", K + "/quota-state"): {
         "response": {**QUOTA_STATE_EXAMPLE, "api_key_id": KEY_ID, "subject": f"k:{KEY_ID}"}

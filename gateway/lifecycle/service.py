@@ -115,7 +115,8 @@ class RequestLifecycle:
             planner, engine, grammars = self._pool_of(model)
             plan = job.plan(planner, target)
             await grammars.check(plan)
-            subjects = await self.policy.subjects(ctx)
+            # the base model counts (an adapter's included), never the name the client gave
+            subjects = await self.policy.subjects(ctx, model.base_model)
             if self.is_draining:  # checked again after the awaits: a run is refused or tracked
                 raise ShuttingDown()
         except BaseException as exc:

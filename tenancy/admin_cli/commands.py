@@ -48,6 +48,7 @@ LIMITS = [("requests_per_minute", "requests/min"), ("tokens_per_minute", "tokens
           ("monthly_token_budget", "tokens/month"),
           ("daily_spend_budget_micros", "spend/day (micro)"),
           ("monthly_spend_budget_micros", "spend/month (micro)")]  # fmt: skip
+POLICY = [("api_key_id", "key"), ("model", "model"), *LIMITS]
 STATE = [("name", "limit"), ("limit", "max"), ("used", "used"), ("remaining", "remaining"),
          ("resets_in_s", "resets in (s)")]  # fmt: skip
 ADAPTER = [("id", "id"), ("name", "name"), ("version", "version"), ("owner_tenant_id", "owner"),
@@ -146,8 +147,17 @@ def _quota_path(a: argparse.Namespace, what: str) -> str:
     return f"/tenants/{a.tenant}{key}/{what}"
 
 
+def _model(a: argparse.Namespace) -> dict[str, str | None]:
+    """`?model=NAME`: one base model's policy; absent, the all-models one."""
+    return {"model": a.model}
+
+
 def quotas_get(c: AdminClient, a: argparse.Namespace) -> None:
-    _show(a, c.call("GET", _quota_path(a, "quotas")), LIMITS)
+    _show(a, c.call("GET", _quota_path(a, "quotas"), params=_model(a)), POLICY)
+
+
+def quotas_list(c: AdminClient, a: argparse.Namespace) -> None:
+    _show(a, c.call("GET", f"/tenants/{a.tenant}/quota-policies"), POLICY)
 
 
 def quotas_set(c: AdminClient, a: argparse.Namespace) -> None:
@@ -158,9 +168,9 @@ def quotas_set(c: AdminClient, a: argparse.Namespace) -> None:
     if a.replace:
         body = {field: given.get(field) for field, _ in LIMITS}
     else:
-        current = c.call("GET", _quota_path(a, "quotas"))
+        current = c.call("GET", _quota_path(a, "quotas"), params=_model(a))
         body = {field: current.get(field) for field, _ in LIMITS} | given
-    _show(a, c.call("PUT", _quota_path(a, "quotas"), json=body), LIMITS)
+    _show(a, c.call("PUT", _quota_path(a, "quotas"), json=body, params=_model(a)), POLICY)
 
 
 def quotas_state(c: AdminClient, a: argparse.Namespace) -> None:

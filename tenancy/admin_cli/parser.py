@@ -131,7 +131,8 @@ def add_rest_commands(admin: Any) -> None:
         dest="verb", required=True
     )
     for verb, handler, text in (
-        ("get", "quotas_get", "a tenant's (or --key's) quota policy"),
+        ("get", "quotas_get", "a tenant's (or --key's) quota policy (--model: one model's)"),
+        ("list", "quotas_list", "every policy of a tenant and its keys, all-models and per model"),
         (
             "set",
             "quotas_set",
@@ -142,7 +143,13 @@ def add_rest_commands(admin: Any) -> None:
     ):
         p = _command(quotas, verb, handler, text, common)
         _tenant(p)
+        if verb == "list":
+            continue
         p.add_argument("--key", default=None, help="a key id: its own policy")
+        if verb in ("get", "set"):
+            p.add_argument("--model", default=None, metavar="NAME",
+                           help="a served base model: the policy for its requests (its "
+                                "adapters' included); default: the all-models policy")  # fmt: skip
         if verb == "set":
             for field, flag in (("requests_per_minute", "--rpm"), ("tokens_per_minute", "--tpm"),
                                 ("max_concurrent", "--concurrent"),

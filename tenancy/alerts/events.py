@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 from tenancy.alerts.budgets import BudgetReading
+from tenancy.quota.subjects import key_id_of
 
 BUDGET_THRESHOLD = "budget.threshold"
 OUTAGE_QUOTA_STORE = "outage.quota_store"
@@ -51,10 +52,10 @@ def budget_body(
     exhausted: bool,
     now: dt.datetime,
 ) -> str:
-    key_id = reading.subject[2:] if reading.subject.startswith("k:") else None
     return _body(
         event_id, BUDGET_THRESHOLD, tenant_id, now,
-        subject=reading.subject, api_key_id=key_id, budget=reading.budget, unit=reading.unit,
+        subject=reading.subject, api_key_id=key_id_of(reading.subject), budget=reading.budget,
+        unit=reading.unit,
         period=reading.period, threshold=threshold, used=reading.used, limit=reading.limit,
         exhausted=exhausted,
     )  # fmt: skip

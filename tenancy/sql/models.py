@@ -102,10 +102,11 @@ class ApiKey(Base):
 
 
 class QuotaPolicy(Base):
-    """Per tenant (api_key_id NULL) or per key. NULL limits mean unlimited."""
+    """Per tenant (api_key_id NULL) or per key; for every model (model NULL) or for one served
+    base model's requests (its adapters' included). NULL limits mean unlimited."""
 
     __tablename__ = "quota_policies"
-    __table_args__ = (UniqueConstraint("tenant_id", "api_key_id"),)
+    __table_args__ = (UniqueConstraint("tenant_id", "api_key_id", "model"),)
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(
@@ -114,6 +115,7 @@ class QuotaPolicy(Base):
     api_key_id: Mapped[str | None] = mapped_column(
         String(36), ForeignKey("api_keys.id", ondelete="CASCADE"), nullable=True
     )
+    model: Mapped[str | None] = mapped_column(String(256), nullable=True)  # a served base model
     requests_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
     tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     max_concurrent: Mapped[int | None] = mapped_column(Integer, nullable=True)
