@@ -351,7 +351,7 @@ class HttpEngineClient:
                 if response.status >= 500:
                     raise _TryNext(error)
                 raise error
-            lines = response.lines()
+            lines = response.data_lines()
             try:
                 first = await next_event(lines, self.read_event)
             except (WireError, EngineStreamError) as exc:

@@ -53,20 +53,22 @@ class HttpStream:
             first, self._first = self._first, None
             self._observe(first)
             yield first
-        while True:
-            try:
-                event = await next_event(self._lines, self._client.read_event)
-            except EngineStreamError:
-                raise  # an error event: the request failed, the replica may be fine
-            except WireError:
-                self._client.mark_failed(self._replica)
-                raise EngineStreamError("The engine replica failed mid-stream.") from None
-            if event is None:
-                self._done = True
-                await self._drain()
-                return
-            self._observe(event)
-            yield event
+        # One loop over the body's payloads (not next_event() an event): each event costs
+        # one generator resumption on the request path.
+        try:
+            async for payload in self._lines:
+                event = parse_event(payload, self._client.read_event)
+                if event is None:
+                    break
+                self._observe(event)
+                yield event
+        except EngineStreamError:
+            raise  # an error event: the request failed, the replica may be fine
+        except WireError:
+            self._client.mark_failed(self._replica)
+            raise EngineStreamError("The engine replica failed mid-stream.") from None
+        self._done = True
+        await self._drain()
 
     def _observe(self, event: GenerateResponse) -> None:
         # The engine's word on its prefix cache, beside what routing expected (routing/router.py)
@@ -96,18 +98,20 @@ class HttpStream:
 
 
 async def next_event(lines: AsyncIterator[str], read: ReadEvent) -> GenerateResponse | None:
-    """The next `data:` event; None at `[DONE]` or the end of the body."""
-    async for line in lines:
-        if not line.startswith("data: "):
-            continue  # blank separators and comments
-        payload = line[len("data: ") :]
-        if payload == "[DONE]":
-            return None
-        try:
-            if '"error"' in payload[:20]:
-                error = json.loads(payload).get("error", {})
-                raise EngineStreamError(str(error.get("message", "engine error"))[:500])
-            return read(payload)
-        except (ValueError, ValidationError) as exc:
-            raise EngineStreamError("The engine sent an unreadable event.") from exc
+    """The next event; None at `[DONE]` or the end of the body. `lines`: the body's `data:`
+    payloads (http_wire.Response.data_lines)."""
+    async for payload in lines:
+        return parse_event(payload, read)
     return None
+
+
+def parse_event(payload: str, read: ReadEvent) -> GenerateResponse | None:
+    if payload == "[DONE]":
+        return None
+    try:
+        if '"error"' in payload[:20]:
+            error = json.loads(payload).get("error", {})
+            raise EngineStreamError(str(error.get("message", "engine error"))[:500])
+        return read(payload)
+    except (ValueError, ValidationError) as exc:
+        raise EngineStreamError("The engine sent an unreadable event.") from exc

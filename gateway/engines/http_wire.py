@@ -82,8 +82,9 @@ class Response:
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self._chunks()])
 
-    async def lines(self) -> AsyncIterator[str]:
-        """The body split on newlines (SSE framing), decoded as UTF-8."""
+    async def data_lines(self) -> AsyncIterator[str]:
+        """The payloads of the body's `data:` lines (SSE framing), decoded as UTF-8. Blank
+        separators and comments are skipped here, so a reader resumes once an event."""
         pending = b""
         async for chunk in self._chunks():
             pending += chunk
@@ -91,9 +92,10 @@ class Response:
                 raise WireError("the engine sent an oversized event")
             *complete, pending = pending.split(b"\n")
             for line in complete:
-                yield line.rstrip(b"\r").decode("utf-8", errors="replace")
-        if pending:
-            yield pending.decode("utf-8", errors="replace")
+                if line.startswith(b"data: "):
+                    yield line[6:].rstrip(b"\r").decode("utf-8", errors="replace")
+        if pending.startswith(b"data: "):
+            yield pending[6:].decode("utf-8", errors="replace")
 
     def close(self) -> None:
         """Return the connection to the pool if the body was read to its end; else drop it."""
