@@ -109,8 +109,11 @@ def keys_by_name(world: World, tenant_id: str) -> dict[str, list[dict[str, Any]]
     return out
 
 
-def adapter_files(tmp: Path, model_dir: Path, name: str, rank: int) -> list[str]:
-    spec = base_model_spec(model_dir, MODEL)
+def adapter_files(
+    tmp: Path, model_dir: Path, name: str, rank: int, *, model: str = MODEL
+) -> list[str]:
+    """The files of a PEFT adapter of `model` (its checkpoint at `model_dir`), under tmp/name."""
+    spec = base_model_spec(model_dir, model)
     folder = tmp / name
     folder.mkdir()
     paths = []

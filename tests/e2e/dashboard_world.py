@@ -6,6 +6,8 @@ through the OpenAI SDK that leaves known usage and rejections in the ledger and 
 The fixtures are session-scoped and reach the test modules through tests/e2e/conftest.py, so
 every dashboard test module reads the same world: starting and seeding the gateway is most of
 their time. Only test_dashboard_browser.py adds traffic (one more rejection, which it counts).
+`open_world` makes the same world on other settings, for a module of its own (several base
+models: test_dashboard_several_models_browser.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,27 +116,28 @@ def chromium() -> tuple[str, str]:
     return found
 
 
-@pytest.fixture(scope="session")
-def world(
-    chromium: tuple[str, str], tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[World]:
-    workdir = tmp_path_factory.mktemp("dashboard-browser")
+@contextmanager
+def open_world(model_dir: Path, workdir: Path, **extra_env: str) -> Iterator[World]:
+    """The world on `model_dir` (served as MODEL), with `extra_env` added to the gateway's
+    settings (LORAGATE_MODELS: test_dashboard_several_models_browser.py); stopped, and its log
+    checked for secrets, on leaving."""
     idp = LocalIdp(client_id=CLIENT_ID).start()
     port = free_port()
     env = gateway_env(
-        tiny_model_dir, workdir,
+        model_dir, workdir,
         LORAGATE_OIDC_ISSUER=idp.issuer,
         LORAGATE_OIDC_AUDIENCE="loragate-admin-api",
         LORAGATE_OIDC_JWKS_URL=idp.issuer + "/jwks.json",
         LORAGATE_OIDC_CLIENT_ID=CLIENT_ID,
         LORAGATE_OIDC_REDIRECT_URL=f"http://127.0.0.1:{port}/dashboard/sso/callback",
+        **extra_env,
     )  # fmt: skip
     gw = start_gateway(env, workdir, port=port)
     try:
         acme = _tenant(gw, "acme", "realtime", ACME_LIMITS)
         globex = _tenant(gw, "globex", "batch", GLOBEX_LIMITS)
         files = [(f.filename, f.data) for f in
-                 demo_adapter_files(base_model_spec(tiny_model_dir, MODEL), seed=3)]  # fmt: skip
+                 demo_adapter_files(base_model_spec(model_dir, MODEL), seed=3)]  # fmt: skip
         gw.upload_adapter(acme.id, "support-bot", files)
         gw.upload_adapter(globex.id, "globex-private", files)
         client = sdk(gw, acme.inference_key)
@@ -165,6 +169,14 @@ def world(
         idp.stop()
     leaked = gw.leaked_secrets()
     assert not leaked, f"secrets in the gateway log: {leaked}"
+
+
+@pytest.fixture(scope="session")
+def world(
+    chromium: tuple[str, str], tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
+    with open_world(tiny_model_dir, tmp_path_factory.mktemp("dashboard-browser")) as opened:
+        yield opened
 
 
 @pytest.fixture
