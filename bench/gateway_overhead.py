@@ -145,6 +145,10 @@ def start_gateway(
         install), e.g. the commit before a change, for a same-run comparison. `migrations`: alembic
     keeps its context in module globals, so two upgrades in one process must not overlap."""
     env = gateway_env(procs, name, model, [engine_url], redis_url, keys=keys, stack=stack)
+    if source is not None:
+        # Its own code first, also where this bench runs under a PYTHONPATH of its own (a
+        # checkout of this code beside a working tree that others are changing).
+        env["PYTHONPATH"] = os.pathsep.join([str(source), *filter(None, [env.get("PYTHONPATH")])])
     if source is None:
         with migrations:
             admin = asyncio.run(bootstrap(env))
