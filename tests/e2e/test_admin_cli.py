@@ -131,6 +131,8 @@ def test_quotas(cli: Cli) -> None:
     # seconds to a reset to a tenth, never a raw float's 15 digits
     rows = [line for line in out.splitlines() if line.startswith("│")]
     assert rows and not any(re.search(r"\d\.\d{3,}", row) for row in rows), out
+    per_model = cli.json("quotas", "set", tenant, "--model", MODEL, "--rpm", "50")
+    assert per_model["model"] == MODEL and per_model in cli.json("quotas", "list", tenant)
 
 
 def test_adapters(cli: Cli, tiny_model_dir: Path, tmp_path: Path) -> None:
