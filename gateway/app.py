@@ -31,7 +31,7 @@ from gateway.dashboard import install_dashboard
 from gateway.dashboard.state import Dashboard
 from gateway.engines.api import EngineClient
 from gateway.engines.build import build_engine_client
-from gateway.engines.pools import build_other_pools, start_engine
+from gateway.engines.pools import ModelPool, build_other_pools, start_engine
 from gateway.error_handlers import install_error_handlers
 from gateway.lifecycle.bookkeeping import Bookkeeping, UsageWriter
 from gateway.lifecycle.job import Planner
@@ -100,7 +100,6 @@ async def build_state(
         if settings.auto_migrate:
             await upgrade(runtime.engine)
         await check_schema(runtime.engine)  # a clear refusal, not a 503 on every request
-        await runtime.restore_budgets()  # before the first admission: a restart hands none back
         # Versions stored before the content-addressed store get their blob and bundle hash.
         await runtime.adapters.store.adopt_legacy(runtime.sessionmaker)
         tokenizer = await asyncio.to_thread(Tokenizer.load, settings.model, settings.chat_template)
@@ -112,9 +111,16 @@ async def build_state(
         raise
     await start_engine(settings, runtime, engine)
     # More base models (LORAGATE_MODELS): a pool each, started here (none by default).
+    built: list[ModelPool] = []
     try:
         built = await build_other_pools(settings, runtime, runtime.priority.vllm_priority)
+        # Before the first admission, so a restart hands no budget back; after every model is
+        # served, so each model's spending counts against its own policies again.
+        await runtime.restore_budgets()
     except BaseException:
+        for pool in built:
+            with contextlib.suppress(Exception):
+                await pool.engine.close()
         await engine.close()
         await runtime.close()
         raise

@@ -22,6 +22,7 @@ from tenancy.quota.pipelined import PipelinedRedis
 from tenancy.quota.redis_store import RedisQuotaStore
 from tenancy.quota.rejections import InProcessRejectionLog, RedisRejectionLog, RejectionLog
 from tenancy.quota.store import BudgetCharge, QuotaStore
+from tenancy.quota.subjects import key_subject, tenant_subject
 from tenancy.redis_client import RedisClient, make_redis
 from tenancy.salts import SaltDeriver
 from tenancy.settings import TenancySettings
@@ -56,7 +57,8 @@ class TenancyRuntime:
 
     async def restore_budgets(self) -> int:
         """An in-process quota store starts empty: charge it what the usage ledger holds for
-        this UTC day and month (per tenant, and per key). The Redis store keeps its own
+        this UTC day and month (per tenant and per key, on every model and on each served base
+        model, as admissions count: tenancy/quota/subjects.py). The Redis store keeps its own
         counters, so this does nothing there. Returns the number of ledger groups read."""
         if not isinstance(self.quotas, InProcessQuotaStore):
             return 0
@@ -68,13 +70,19 @@ class TenancyRuntime:
                 "the usage ledger could not be read to restore the quota budgets "
                 "(is the database migrated? `loragate admin migrate`)"
             ) from exc
+        served = set(self.adapters.base_models)
         charges: list[BudgetCharge] = []
         for row in spent:
             amounts = (row.day_tokens, row.month_tokens, row.day_micros, row.month_micros)
-            charges.append(BudgetCharge(f"t:{row.tenant_id}", *amounts))
-            if row.api_key_id is not None:
-                charges.append(BudgetCharge(f"k:{row.api_key_id}", *amounts))
-        self.quotas.restore_budgets(charges)  # a tenant's rows add up over its keys
+            model = row.base_model
+            if model is not None and row.is_adapter:
+                model = self.adapters.serving_model(model)  # as the request was counted
+            models: list[str | None] = [None, model] if model in served else [None]
+            for each in models:
+                charges.append(BudgetCharge(tenant_subject(row.tenant_id, each), *amounts))
+                if row.api_key_id is not None:
+                    charges.append(BudgetCharge(key_subject(row.api_key_id, each), *amounts))
+        self.quotas.restore_budgets(charges)  # a subject's rows add up (keys, models)
         return len(spent)
 
     async def close(self) -> None:

@@ -15,7 +15,7 @@ from tenancy.crud.tenants import load_tenant
 from tenancy.crud.usage_copy import can_copy, copy_records
 from tenancy.ids import ApiKeyId, RequestId, TenantId, new_id
 from tenancy.schemas import UsageRow
-from tenancy.sql.models import UsageRecord
+from tenancy.sql.models import Adapter, UsageRecord
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,8 @@ async def record_usage_batch(session: AsyncSession, *, records: list[UsageIn]) -
 
 @dataclass(frozen=True)
 class Spent:
-    """Tokens and micro-units charged to one (tenant, key) since the start of the UTC day and
-    month."""
+    """Tokens and micro-units charged to one (tenant, key) on one base model since the start of
+    the UTC day and month."""
 
     tenant_id: TenantId
     api_key_id: ApiKeyId | None
@@ -87,11 +87,15 @@ class Spent:
     month_tokens: int
     day_micros: int = 0
     month_micros: int = 0
+    # The base model as recorded: an adapter's row's, else the request's model (a base model's
+    # own name); None for an adapter whose row is gone (the ledger outlives adapters).
+    base_model: str | None = None
+    is_adapter: bool = False
 
 
 async def spent_to_date(session: AsyncSession, *, now: dt.datetime) -> list[Spent]:
-    """What the ledger charged this UTC month and day, per tenant and key: what a quota store
-    that lost its counters (an in-process one, restarted) must count again.
+    """What the ledger charged this UTC month and day, per tenant, key and base model: what a
+    quota store that lost its counters (an in-process one, restarted) must count again.
 
     A record belongs to the period of its start (admission time), as the quota stores charge
     it; its charge is prompt plus completion tokens, as settlement counts it, and its cost.
@@ -100,17 +104,22 @@ async def spent_to_date(session: AsyncSession, *, now: dt.datetime) -> list[Spen
     day_start = now.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     month_start = day_start.replace(day=1)
     tokens = u.prompt_tokens + u.completion_tokens
+    is_adapter = u.adapter_id.is_not(None)
+    base = case((is_adapter, Adapter.base_model), else_=u.model)
     query = (
         select(
             u.tenant_id,
             u.api_key_id,
+            base,
+            is_adapter,
             func.sum(tokens),
             func.sum(case((u.started_at >= day_start, tokens), else_=0)),
             func.sum(u.cost_micros),
             func.sum(case((u.started_at >= day_start, u.cost_micros), else_=0)),
         )
+        .outerjoin(Adapter, Adapter.id == u.adapter_id)
         .where(u.started_at >= month_start)
-        .group_by(u.tenant_id, u.api_key_id)
+        .group_by(u.tenant_id, u.api_key_id, base, is_adapter)
     )
     return [
         Spent(
@@ -120,8 +129,10 @@ async def spent_to_date(session: AsyncSession, *, now: dt.datetime) -> list[Spen
             month_tokens=int(month or 0),
             day_micros=int(day_micros or 0),
             month_micros=int(month_micros or 0),
+            base_model=model,
+            is_adapter=bool(adapter),
         )
-        for tenant, key, month, day, month_micros, day_micros in (
+        for tenant, key, model, adapter, month, day, month_micros, day_micros in (
             await session.execute(query)
         ).all()
     ]
