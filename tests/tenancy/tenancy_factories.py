@@ -1,11 +1,13 @@
-"""Test factories: tenants and keys created through the real CRUD functions."""
+"""Test factories: tenants and keys created through the real CRUD functions; and a tenant row
+written in plain SQL, for the migration tests (a schema at any revision, before the models')."""
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
 
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from tenancy.auth.key_format import KeyMinter
 from tenancy.auth.principal import AuditContext, Principal
@@ -55,3 +57,14 @@ class SecretRegistry:
     def add(self, value: str) -> str:
         self.values.add(value)
         return value
+
+
+async def insert_tenant_row(conn: AsyncConnection, tenant_id: str, name: str) -> None:
+    """A tenant as every revision's `tenants` table holds it (unchanged since 0001)."""
+    await conn.execute(
+        text(
+            "INSERT INTO tenants (id, name, tier, status, salt_epoch, created_at, updated_at) "
+            "VALUES (:id, :name, 'standard', 'active', 0, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+        ),
+        {"id": tenant_id, "name": name},
+    )

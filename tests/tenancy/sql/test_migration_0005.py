@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import text
+from tenancy_factories import insert_tenant_row
 
 from tenancy.sql.migrate import downgrade, upgrade
 from tenancy.sql.session import make_engine
@@ -20,14 +21,7 @@ async def _adapters_become_versions_with_aliases(url: str) -> None:
     try:
         await upgrade(engine, "0004")
         async with engine.begin() as conn:
-            await conn.execute(
-                text(
-                    "INSERT INTO tenants (id, name, tier, status, salt_epoch, created_at, "
-                    "updated_at) VALUES (:id, 'acme', 'standard', 'active', 0, "
-                    "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
-                ),
-                {"id": TENANT},
-            )
+            await insert_tenant_row(conn, TENANT, "acme")
             for adapter_id, owner, name in ((OWNED, TENANT, "support"), (PUBLIC, None, "sql")):
                 await conn.execute(
                     text(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import text
+from tenancy_factories import insert_tenant_row
 
 from tenancy.sql.migrate import downgrade, upgrade
 from tenancy.sql.session import make_engine
@@ -27,14 +28,7 @@ async def _policies_gain_a_model(url: str) -> None:
     try:
         await upgrade(engine, "0005")
         async with engine.begin() as conn:
-            await conn.execute(
-                text(
-                    "INSERT INTO tenants (id, name, tier, status, salt_epoch, created_at, "
-                    "updated_at) VALUES (:id, 'acme', 'standard', 'active', 0, "
-                    "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
-                ),
-                {"id": TENANT},
-            )
+            await insert_tenant_row(conn, TENANT, "acme")
             await conn.execute(
                 text(
                     "INSERT INTO api_keys (id, tenant_id, name, prefix, last_four, key_hash, "

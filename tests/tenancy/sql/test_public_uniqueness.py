@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
+from tenancy_factories import insert_tenant_row
 
 from tenancy.sql.migrate import upgrade
 from tenancy.sql.session import make_engine
@@ -34,14 +35,7 @@ async def _check(url: str) -> None:
         await upgrade(engine)
         async with engine.begin() as conn:
             for tenant in TENANTS:
-                await conn.execute(
-                    text(
-                        "INSERT INTO tenants (id, name, tier, status, salt_epoch, created_at, "
-                        "updated_at) VALUES (:id, :id, 'standard', 'active', 0, "
-                        "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
-                    ),
-                    {"id": tenant},
-                )
+                await insert_tenant_row(conn, tenant, tenant)
             # One name, version 2, for each tenant and for the public: all distinct owners.
             for n, owner in enumerate((*TENANTS, None), start=10):
                 await conn.execute(
