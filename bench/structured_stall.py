@@ -4,7 +4,9 @@
 engine` steps its loop. Then a ~1 MB JSON Schema (structured_workload.big_schema: thousands of
 described properties, which llguidance accepts) is compiled through the engine's own
 `GrammarCompiler.compile_async`, the path AsyncEngine.add_request takes: on the compiler's
-worker thread at its lower priority, while this thread keeps stepping. Once compiled, the big
+worker thread at its lower priority, while this thread keeps stepping: asked for between two
+steps (bench/structured.py) or later (`arrival`, bench/compile_stall.py: in the middle of a
+step, as most of a busy server's requests arrive). Once compiled, the big
 request joins the batch with its grammar, as AsyncEngine admits it. Every step's duration is
 kept: before the compile, during it (any step that overlaps it) and after the big request
 joined. The 16 decoding requests generate a JSON array of at least 1,000 digits, so none ends
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -65,17 +68,19 @@ class _Compile:
     timeout (a refusal for the request) the native compile keeps running, and keeps taking CPU
     from the steps, until it lands in the cache."""
 
-    def __init__(self, engine: LLMEngine, spec: StructuredSpec) -> None:
+    def __init__(self, engine: LLMEngine, spec: StructuredSpec, delay_s: float) -> None:
         self.grammar: CompiledGrammar | None = None
         self.error: str | None = None
         self._grammars = engine.grammars
         self._num_cached = engine.grammars.num_cached
-        self.started = time.perf_counter()
+        self.started = time.perf_counter() + delay_s  # set again when the compile is asked for
         self.ended = self.started
-        self._thread = threading.Thread(target=self._run, args=(spec,), daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(spec, delay_s), daemon=True)
         self._thread.start()
 
-    def _run(self, spec: StructuredSpec) -> None:
+    def _run(self, spec: StructuredSpec, delay_s: float) -> None:
+        time.sleep(delay_s)
+        self.started = time.perf_counter()
         try:
             self.grammar = asyncio.run(self._grammars.compile_async(spec))
         except InvalidRequestError as exc:
@@ -117,8 +122,10 @@ def measure_compile_stall(
     render: Callable[[str], Sequence[int]],
     warmup: Sequence[BenchRequest],
     num_properties: int = BIG_NUM_PROPERTIES,
+    arrival: float = 0.0,
 ) -> dict[str, Any]:
-    """The stall figures (structured_workload.stall_figures) and every step's duration."""
+    """The stall figures (structured_workload.stall_figures) and every step's duration; the
+    compile is asked for `arrival` median steps after the last step before it ended."""
     prompt = render("Answer in JSON.")
     big_prompt = render("Fill in the order record as JSON.")
     num_tokens = NUM_DECODING * (len(prompt) + DECODE_MAX_TOKENS) + len(big_prompt) + 64
@@ -139,7 +146,11 @@ def measure_compile_stall(
     _check_batch(engine, NUM_DECODING, "after the prefill")
     before = [_timed_step(engine) for _ in range(NUM_STEPS_BEFORE)]
 
-    job = _Compile(engine, big)
+    # `arrival`: when the compile is asked for, as a fraction of a median step after the last
+    # timed step ended (0: between two steps, the next one beginning as it starts; 0.5: in the
+    # middle of a step, as most of a busy server's requests arrive)
+    delay_s = arrival * statistics.median(e - s for s, e in before)
+    job = _Compile(engine, big, delay_s)
     during = []
     while job.poll():
         during.append(_timed_step(engine))
@@ -164,6 +175,7 @@ def measure_compile_stall(
         "schema_bytes": len(json.dumps(schema, separators=(",", ":")).encode()),
         "schema": f"object, {num_properties} string properties with descriptions, "
         f"{BIG_NUM_REQUIRED} required, additionalProperties false",
+        "arrival": arrival,
         "num_decoding": NUM_DECODING,
         "decoding_schema": LONG_ARRAY,
         "num_steps_before": len(before),

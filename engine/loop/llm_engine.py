@@ -194,7 +194,13 @@ class LLMEngine:
     # -- the step ------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        self._yield_core_to_compiles()
+        try:
+            self._take_step_threads()
+            return self._step()
+        finally:
+            self.grammars.cores.step_done()
+
+    def _step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
         failed = self._fail(sched.failed)
         if sched.is_empty:
@@ -223,14 +229,13 @@ class LLMEngine:
         self._finish_unloads()
         return outputs
 
-    def _yield_core_to_compiles(self) -> None:
-        """While a grammar compiles on its own thread, the step runs on one thread fewer: with
-        every core in the step, the compile delayed one of its threads at each barrier and
-        steps of 11 ms took 100-200 ms (bench/RESULTS.md, structured outputs); one core fewer
-        costs the step 1/N of its speed, steadily, for the compile's duration."""
-        threads = self.num_threads
-        if self.grammars.num_compiling > 0 and threads > 1:
-            threads -= 1
+    def _take_step_threads(self) -> None:
+        """While a grammar compiles on its own thread, the step runs on one thread fewer, and a
+        compile starts only once a step on every core has ended (core_handoff.py): a compile
+        beside a step on every core delayed one of its threads at each barrier, and steps of
+        9 ms took 240-290 ms (bench/RESULTS.md, structured outputs); one core fewer costs the
+        step 1/N of its speed, steadily, for the compile's duration."""
+        threads = self.grammars.cores.step_threads(self.num_threads)
         if threads != torch.get_num_threads():
             torch.set_num_threads(threads)
 

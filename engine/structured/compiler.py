@@ -6,9 +6,10 @@ lazily, token by token, inside its per-step limits. So:
 
 - `compile_async` (AsyncEngine.add_request, before the request reaches the loop) runs a cache
   miss on a thread of its own while the loop keeps stepping; the request waits for its grammar
-  outside the scheduler, holding no batch slot. `num_compiling` counts these threads: the engine
-  steps on one thread fewer while it is positive, so a compile has a core of its own
-  (LLMEngine._yield_core_to_compiles). llguidance first parses the grammar document
+  outside the scheduler, holding no batch slot. Each of these threads holds a core of its own
+  (`cores`, core_handoff.py): it starts once the step in progress, if that step uses every
+  core, has ended, and the engine steps on one thread fewer while it runs
+  (LLMEngine._take_step_threads). llguidance first parses the grammar document
   holding the GIL (~8 ms a megabyte), then builds without it: the thread starts at the loop's
   priority and lowers itself (`compile_nice`) once that parse is behind it, so where no core can
   be yielded (a one-thread engine) the long part takes CPU only where the step leaves it.
@@ -43,6 +44,7 @@ from typing import Any
 import llguidance
 
 from engine.errors import InvalidRequestError
+from engine.structured.core_handoff import CoreHandoff
 from engine.structured.matcher import CompiledGrammar
 from engine.structured.spec import StructuredSpec, grammar_text
 
@@ -87,8 +89,9 @@ class GrammarCompiler:
         self._in_flight: dict[StructuredSpec, concurrent.futures.Future[Outcome]] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.num_compiles = 0  # cache misses compiled (tests and metrics read it)
-        # compiles running on their own threads now (the engine yields a core meanwhile)
-        self.num_compiling = 0
+        # the core a compile on its own thread takes from the step (the engine asks it how many
+        # threads each step may use)
+        self.cores = CoreHandoff()
 
     @classmethod
     def for_model(
@@ -173,14 +176,9 @@ class GrammarCompiler:
                 failures.append(exc)
 
         thread = threading.Thread(target=run, name="grammar-compile", daemon=True)
-        with self._lock:
-            self.num_compiling += 1
-        try:
+        with self.cores.core():
             thread.start()
             thread.join()
-        finally:
-            with self._lock:
-                self.num_compiling -= 1
         if failures:
             raise failures[0]
         return outcomes[0]

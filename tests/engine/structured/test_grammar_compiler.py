@@ -103,12 +103,12 @@ def test_the_engine_yields_a_core_while_a_grammar_compiles(tiny_model_dir: Path)
     compiling.start()
     try:
         assert entered.wait(timeout=60)
-        assert engine.grammars.num_compiling == 1
+        assert engine.grammars.cores.num_compiles == 1
         engine.step()
         assert torch.get_num_threads() == 1
     finally:
         gate.set()
         compiling.join()
-    assert engine.grammars.num_compiling == 0
+    assert engine.grammars.cores.num_compiles == 0
     engine.step()
     assert torch.get_num_threads() == 2
