@@ -15,6 +15,8 @@ import ssl
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
+from gateway.engines.http_chunked import ChunkedDecoder
+
 _MAX_HEAD_BYTES = 64 * 1024
 _MAX_LINE_BYTES = 16 * 1024 * 1024  # one SSE event (a chunk of many tokens with logprobs)
 
@@ -54,15 +56,18 @@ class Response:
         reader = conn.reader
         try:
             if self._chunked:
-                while True:
-                    size_line = await reader.readuntil(b"\r\n")
-                    size = int(size_line.split(b";", 1)[0].strip(), 16)
-                    if size == 0:
-                        while await reader.readuntil(b"\r\n") != b"\r\n":
-                            pass  # trailers
-                        break
-                    data = await reader.readexactly(size + 2)
-                    yield data[:-2]
+                decoder = ChunkedDecoder()
+                while not decoder.done:
+                    data = await reader.read(65536)
+                    if not data:
+                        raise WireError("the engine closed the connection mid-body")
+                    decoder.feed(data)
+                    if first := decoder.take(1):
+                        yield first
+                    if rest := decoder.take():
+                        yield rest
+                if decoder.leftover:  # more than the body: the connection is not reusable
+                    self._keep_alive = False
             elif self._remaining is not None:
                 while self._remaining > 0:
                     data = await reader.read(min(self._remaining, 65536))
