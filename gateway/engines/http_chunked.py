@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 
-_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;.*)?")
+# A size line: 1-15 hex digits, maybe extensions (ignored), CRLF.
+_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?\r\n")
 # A size line (with its extensions) or a trailer field longer than this is not from an engine.
 MAX_LINE_BYTES = 8192
 
@@ -59,25 +60,40 @@ class ChunkedDecoder:
                     raise ValueError("a chunk's data does not end in CRLF")
                 pos += 2
                 self._state = _SIZE
-            else:
-                line_end = buf.find(b"\r\n", pos)
-                if line_end < 0:
+            elif self._state == _SIZE:
+                match = _SIZE_LINE.match(buf, pos)
+                if match is None:
+                    if buf.find(b"\r\n", pos) >= 0:
+                        raise ValueError("a malformed chunk size line")
                     if end - pos > MAX_LINE_BYTES:
-                        raise ValueError("an oversized chunk size line or trailer")
+                        raise ValueError("an oversized chunk size line")
                     break
-                line = buf[pos:line_end]
-                pos = line_end + 2
-                if len(line) > MAX_LINE_BYTES:
-                    raise ValueError("an oversized chunk size line or trailer")
-                if self._state == _TRAILER:
-                    if not line:
-                        self.done = True
-                        self.leftover = buf[pos:]
-                        pos = end
-                    continue  # a trailer field: nothing the gateway reads
-                if (match := _SIZE_LINE.fullmatch(line)) is None:
-                    raise ValueError("a malformed chunk size line")
-                self._left = int(match[1], 16)
-                self._state = _DATA if self._left else _TRAILER
+                if match.end() - pos > MAX_LINE_BYTES:
+                    raise ValueError("an oversized chunk size line")
+                size = int(match[1], 16)
+                pos = match.end()
+                if size == 0:
+                    self._state = _TRAILER
+                elif end - pos >= size + 2:  # the whole chunk is here: the usual case
+                    if buf[pos + size : pos + size + 2] != b"\r\n":
+                        raise ValueError("a chunk's data does not end in CRLF")
+                    out.append(buf[pos : pos + size])
+                    pos += size + 2
+                    whole += 1
+                else:
+                    self._left = size
+                    self._state = _DATA
+            else:  # trailer fields, up to a blank line
+                line_end = buf.find(b"\r\n", pos)
+                if line_end < 0 or line_end - pos > MAX_LINE_BYTES:
+                    if line_end >= 0 or end - pos > MAX_LINE_BYTES:
+                        raise ValueError("an oversized trailer")
+                    break
+                if line_end == pos:
+                    self.done = True
+                    self.leftover = buf[pos + 2 :]
+                    pos = end
+                else:
+                    pos = line_end + 2  # a trailer field: nothing the gateway reads
         self._buf = buf[pos:]
         return b"".join(out) if len(out) != 1 else out[0]
