@@ -85,9 +85,9 @@ class ChunkedDecoder:
                     self._state = _DATA
             else:  # trailer fields, up to a blank line
                 line_end = buf.find(b"\r\n", pos)
-                if line_end < 0 or line_end - pos > MAX_LINE_BYTES:
-                    if line_end >= 0 or end - pos > MAX_LINE_BYTES:
-                        raise ValueError("an oversized trailer")
+                if (line_end if line_end >= 0 else end) - pos > MAX_LINE_BYTES:
+                    raise ValueError("an oversized trailer")
+                if line_end < 0:
                     break
                 if line_end == pos:
                     self.done = True

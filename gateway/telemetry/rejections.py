@@ -11,6 +11,7 @@ import logging
 
 from tenancy.errors import ClientError
 from tenancy.quota.rejections import RejectionLog
+from tenancy.quota.subjects import key_subject, tenant_subject
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +19,8 @@ log = logging.getLogger(__name__)
 async def record_rejection(
     rejections: RejectionLog, tenant_id: str, key_id: str | None, reason: str
 ) -> None:
-    subjects = (f"t:{tenant_id}",) if key_id is None else (f"t:{tenant_id}", f"k:{key_id}")
+    tenant = tenant_subject(tenant_id)
+    subjects = (tenant,) if key_id is None else (tenant, key_subject(key_id))
     try:
         await rejections.record(subjects, reason)
     except ClientError:

@@ -22,6 +22,7 @@ from tenancy.alerts import events, outbox
 from tenancy.alerts.delivery import DeliveryWorker
 from tenancy.alerts.directory import WebhookDirectory
 from tenancy.ids import new_id
+from tenancy.quota.subjects import tenant_subject
 from tenancy.rounds import RoundLoop
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,9 @@ class OutageAlerts:
         for subscription in await self._directory.subscribed_to(event_type):
             tenant_id = subscription.tenant_id
             event_id = new_id()
-            firing = outbox.Firing(tenant_id, f"t:{tenant_id}", event_type, outbox.OUTAGE_PERIOD, 0)
+            firing = outbox.Firing(
+                tenant_id, tenant_subject(tenant_id), event_type, outbox.OUTAGE_PERIOD, 0
+            )
             body = events.outage_body(event_id, tenant_id=tenant_id, service=service, now=now)
             if await outbox.fire_once(
                 self._sessionmaker, firing, delivery_id=event_id, event_type=event_type,

@@ -31,6 +31,7 @@ from tenancy.crud.quotas import subjects_for
 from tenancy.crud.tenants import load_tenant
 from tenancy.quota.rejections import RejectionLog
 from tenancy.quota.store import Limit, QuotaLimits, QuotaStore, QuotaUsage, periods
+from tenancy.quota.subjects import key_subject, tenant_subject
 
 READING_ORDER = (
     Limit.RPM, Limit.TPM, Limit.CONCURRENCY, Limit.DAILY, Limit.MONTHLY,
@@ -113,7 +114,7 @@ async def quota_state(
     else:
         await load_key(session, principal=principal, tenant_id=tenant_id, key_id=key_id)
     subjects = await subjects_for(session, tenant_id=tenant_id, key_id=key_id)
-    subject_key = f"t:{tenant_id}" if key_id is None else f"k:{key_id}"
+    subject_key = tenant_subject(tenant_id) if key_id is None else key_subject(key_id)
     own = next((s for s in subjects if s.key == subject_key), None)
     usage = await quotas.usage(subject_key)
     return QuotaStateOut(
