@@ -118,3 +118,20 @@ def test_quick_run_writes_the_json(tiny_model_dir: Path, tmp_path: Path) -> None
     assert stream["tokens"] == 64
     assert set(stream["p50_ms"]) == {"direct", "via"}
     assert stream["p50_ms"]["via"]["ttfb_1"] > 0 and "p50" in stream["added_ttfb_ms"]
+
+
+def test_goal_lines_judge_each_figure_and_name_the_missing_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 48's goals read from the report: a figure on the wrong side fails, one not measured
+    (LiteLLM off) is not counted as met."""
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    import gateway_report
+
+    report = {"added_ms": {"p50": 1.2}, "rps_per_worker": 1600.0,
+              "stream": {"added_ttfb_ms": {"p50": 0.9}}}  # fmt: skip
+    lines = gateway_report.goal_lines(report)
+    assert lines[0].endswith("1.2ms, NOT met")
+    assert lines[1].endswith("1600, met")
+    assert lines[2].endswith("not measured in this run")
+    assert lines[3].endswith("0.9ms, met")
