@@ -10,8 +10,10 @@ before it: one stall varies from run to run by how the compile's start meets a s
 measures it once per tree and arrival, each in a fresh process running that tree's engine (first
 on PYTHONPATH) under this checkout's bench helpers, alternating which tree goes first. Arrivals
 (`--arrivals`): the compile asked for between two steps (0, as bench/structured.py does) and in
-the middle of one (0.5). Prints each cell's rounds and medians, and each tree's worst arrival
-against the goal; without --baseline-src, this checkout alone.
+the middle of one (0.5). Each cell also times as many steps with no compile (`noise_stall_ms`:
+the same figure's floor on this machine, the slowest of that many steps). Prints each cell's
+rounds and medians, and each tree's worst arrival against the goal; without --baseline-src, this
+checkout alone.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from plan import ensure_model
 from report import load_average, write_record
 
 HERE = Path(__file__).resolve().parent
-FIGURES = ("compile_stall_ms", "step_ms_median", "step_ms_max_before", "step_ms_median_during",
-           "step_ms_max_during", "compile_s", "compile_s_idle")  # fmt: skip
+FIGURES = ("compile_stall_ms", "noise_stall_ms", "step_ms_median", "step_ms_max_before",
+           "step_ms_median_during", "step_ms_max_during", "compile_s", "compile_s_idle")  # fmt: skip
 GOAL = "goal: compile_stall_ms < step_ms_median"
 
 
@@ -94,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r + 1} {name}, arrival {arrival:g}: stall "
                   f"{fig['compile_stall_ms']:.1f} ms over a {fig['step_ms_median']:.1f} ms step "
                   f"(during: median {fig['step_ms_median_during']:.1f}, max "
-                  f"{fig['step_ms_max_during']:.1f}; compile {fig['compile_s']:.2f} s)",
+                  f"{fig['step_ms_max_during']:.1f}; compile {fig['compile_s']:.2f} s; "
+                  f"no compile, {fig['num_steps_control']} steps: {fig['noise_stall_ms']:.1f} ms)",
                   flush=True)  # fmt: skip
     medians = {
         cell: {k: statistics.median(f[k] for f in figs) for k in FIGURES}
@@ -102,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     for (name, arrival), m in medians.items():
         print(f"{name}, arrival {arrival:g}: median stall {m['compile_stall_ms']:.1f} ms over a "
-              f"median step of {m['step_ms_median']:.1f} ms; compile {m['compile_s']:.2f} s "
+              f"median step of {m['step_ms_median']:.1f} ms (no compile: "
+              f"{m['noise_stall_ms']:.1f} ms); compile {m['compile_s']:.2f} s "
               f"(idle {m['compile_s_idle']:.2f} s)")  # fmt: skip
     worst = {
         name: max((medians[name, a] for a in arrivals), key=lambda m: m["compile_stall_ms"])

@@ -246,7 +246,8 @@ def print_summary(workloads: dict[str, dict[str, Any]], stall: dict[str, Any]) -
     print(
         f"compile stall: {stall['compile_stall_ms']:.1f} ms over a median step of "
         f"{stall['step_ms_median']:.1f} ms ({stall['schema_bytes'] / 1e6:.2f} MB schema "
-        f"compiled in {stall['compile_s']:.2f} s over {stall['num_steps_during']} steps)"
+        f"compiled in {stall['compile_s']:.2f} s over {stall['num_steps_during']} steps; as many "
+        f"steps with no compile: {stall['noise_stall_ms']:.1f} ms)"
     )
     print(GOALS)
 
@@ -262,6 +263,7 @@ def run_record(
     return {
         "ratios": ratios,
         "compile_stall_ms": stall["compile_stall_ms"],
+        "noise_stall_ms": stall.get("noise_stall_ms"),
         "step_ms_median": stall["step_ms_median"],
         "workloads": workloads,
         "compile_stall": stall,

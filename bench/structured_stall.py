@@ -9,8 +9,10 @@ steps (bench/structured.py) or later (`arrival`, bench/compile_stall.py: in the 
 step, as most of a busy server's requests arrive). Once compiled, the big
 request joins the batch with its grammar, as AsyncEngine admits it. Every step's duration is
 kept: before the compile, during it (any step that overlaps it) and after the big request
-joined. The 16 decoding requests generate a JSON array of at least 1,000 digits, so none ends
-before the measurement does (checked) and every step decodes the same batch.
+joined, then as many steps as the compile overlapped with no compile at all (the control: the
+machine's own noise in the slowest of that many steps). The 16 decoding requests generate a
+JSON array of at least 1,000 digits, so none ends before the measurement does (checked) and
+every step decodes the same batch.
 """
 
 from __future__ import annotations
@@ -160,15 +162,21 @@ def measure_compile_stall(
     grammar = job.grammar or engine.grammars.compile(big)
     engine.add_request(replace(_request("big", big_prompt, big, 64), grammar=grammar))
     after = [_timed_step(engine) for _ in range(NUM_STEPS_AFTER)]
-    _check_batch(engine, NUM_DECODING + 1, "at the end")
-    engine.abort_requests([f"decode-{i}" for i in range(NUM_DECODING)] + ["big"])
-    engine.grammars.shutdown()
-
+    _check_batch(engine, NUM_DECODING + 1, "after the compile's request joined")
+    # The control: as many steps as the compile overlapped, same batch, no compile (the noise
+    # floor of `compile_stall_ms`), within the tokens the decoding requests have left.
+    engine.abort_requests(["big"])
     # A step counts as during the compile if it overlapped it at all.
     overlapping = [(s, e) for s, e in during if s < job.ended and e > job.started]
+    room = DECODE_MAX_TOKENS - 1 - len(before) - len(during) - len(after) - 8
+    control = [_timed_step(engine) for _ in range(min(len(overlapping), room))]
+    _check_batch(engine, NUM_DECODING, "at the end")
+    engine.abort_requests([f"decode-{i}" for i in range(NUM_DECODING)])
+    engine.grammars.shutdown()
+
     ms = lambda steps: [(e - s) * 1e3 for s, e in steps]  # noqa: E731
     return {
-        **stall_figures(ms(before), ms(overlapping), ms(after)),
+        **stall_figures(ms(before), ms(overlapping), ms(after), ms(control)),
         "compile_s": job.ended - job.started,
         "compile_s_idle": idle_s,
         "refused": job.error,  # None: compile_async answered the grammar in time
@@ -181,7 +189,13 @@ def measure_compile_stall(
         "num_steps_before": len(before),
         "num_steps_during": len(overlapping),
         "num_steps_after": len(after),
-        "steps_ms": {"before": ms(before), "during": ms(overlapping), "after": ms(after)},
+        "num_steps_control": len(control),
+        "steps_ms": {
+            "before": ms(before),
+            "during": ms(overlapping),
+            "after": ms(after),
+            "control": ms(control),
+        },
         "compile_nice": engine.config.grammar_compile_nice,
         "compile_timeout_s": engine.config.grammar_compile_timeout_s,
         "engine_settings": asdict(settings),

@@ -170,12 +170,20 @@ def ratios(
 
 
 def stall_figures(
-    before_ms: Sequence[float], during_ms: Sequence[float], after_ms: Sequence[float]
+    before_ms: Sequence[float],
+    during_ms: Sequence[float],
+    after_ms: Sequence[float],
+    control_ms: Sequence[float] = (),
 ) -> dict[str, float]:
     """`compile_stall_ms`: the slowest step while the compile ran minus the median step before
-    it (0 or less: no step was slowed); `step_ms_median`: that median, for scale."""
+    it (0 or less: no step was slowed); `step_ms_median`: that median, for scale.
+    `noise_stall_ms`: the same figure over `control_ms`, as many steps of the same batch with no
+    compile at all: the slowest of N steps is the machine's noise as much as the compile's
+    doing, and this is how much of it the machine makes alone."""
     step = statistics.median(before_ms)
+    noise = {"noise_stall_ms": max(control_ms) - step} if control_ms else {}
     return {
+        **noise,
         "compile_stall_ms": max(during_ms) - step,
         "step_ms_median": step,
         # the worst step before the compile: the machine's own noise, for comparison

@@ -113,6 +113,10 @@ def test_compile_stall_is_the_worst_step_during_minus_the_median_before(sw: Modu
     assert got["step_ms_median"] == pytest.approx(11.5)
     assert got["compile_stall_ms"] == pytest.approx(19.0 - 11.5)
     assert got["step_ms_max_after"] == 14.0
+    assert "noise_stall_ms" not in got  # no control steps, no noise figure
+    # the control: the slowest of as many steps without a compile, against the same median
+    control = sw.stall_figures([10.0, 12.0, 11.0, 30.0], [19.0], [10.0], [11.0, 17.0, 12.0])
+    assert control["noise_stall_ms"] == pytest.approx(17.0 - 11.5)
 
 
 def test_the_big_schema_is_about_a_megabyte_and_llguidance_takes_it(
