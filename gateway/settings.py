@@ -95,6 +95,8 @@ class GatewaySettings(TenancySettings):
     keepalive_timeout_s: int = Field(default=5, ge=1)
     # Connections one client address may hold open at once (slow clients cannot take them all).
     max_connections_per_client: int = Field(default=256, ge=1)
+    # A request head (request line and headers) larger than this gets a 431.
+    max_header_bytes: int = Field(default=32 * 1024, ge=4096)
     # The HTTP parser and event loop uvicorn serves with; the limits above hold with either
     # (gateway/server/guard.py). httptools on uvloop served 1.23x the requests of h11 on asyncio
     # per worker (bench/gateway_overhead.py --stacks, full configuration, bench/RESULTS.md).

@@ -8,7 +8,12 @@ else. Here:
 - the request head must arrive within `header_timeout_s` of its first byte (of the connection,
   for the first request), and the body within `body_timeout_s` of the head; past that the
   client gets a 408 (if nothing was sent for that request yet) and the connection closes;
-- one client address holds at most `max_per_client` connections; more are closed at once.
+- one client address holds at most `max_per_client` connections; more are closed at once;
+- a request head (request line and headers) holds at most `max_header_bytes`; past that the
+  client gets a 431 and the connection closes. h11 bounds its buffer itself, httptools does
+  not: it gathers a header's value by concatenating bytes, so one fast client could send
+  megabytes of a single header within the head's deadline and have the worker copy them over
+  and over.
 
 A `ConnectionGuard` follows one connection through four events (opened, a request's first byte,
 its head read, its body read) that every parser reports in its own way; gateway/server/
@@ -44,6 +49,23 @@ TIMEOUT_RESPONSE = (
 )
 
 
+def head_too_large_response(max_header_bytes: int) -> bytes:
+    body = json.dumps(
+        {
+            "error": {
+                "message": f"The request head is larger than {max_header_bytes} bytes.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "request_header_fields_too_large",
+            }
+        }
+    ).encode()
+    return (
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+        b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+
+
 @dataclass
 class ConnectionLimits:
     """Per process (each worker gets its own copy): the limits and the live count per client."""
@@ -51,6 +73,7 @@ class ConnectionLimits:
     header_timeout_s: float
     body_timeout_s: float
     max_per_client: int
+    max_header_bytes: int = 32 * 1024
     open_by_client: Counter[str] = field(default_factory=Counter)
 
 
@@ -72,6 +95,7 @@ class ConnectionGuard:
         self._response_started = response_started
         self._deadline: asyncio.TimerHandle | None = None
         self.phase = ""  # "head" or "body" while a deadline runs
+        self._head_bytes = 0  # of the head being read
         self._counted: str | None = None  # the client address this connection counts for
 
     def opened(self, host: str) -> bool:
@@ -95,6 +119,19 @@ class ConnectionGuard:
     def head_read(self) -> None:
         self._arm("body")
 
+    def read_within_head(self, num_bytes: int) -> None:
+        """`num_bytes` of one read, all of them part of the head being read (the parser was in
+        that head before and after them); past `max_header_bytes` the client gets a 431 and the
+        connection closes. A read that begins a head is not counted, so the bound holds to
+        within one read (at most 256 KiB)."""
+        self._head_bytes += num_bytes
+        if self._head_bytes <= self._limits.max_header_bytes or self._transport.is_closing():
+            return
+        log.info("closed a connection: a request head over %d bytes", self._limits.max_header_bytes)
+        self._disarm()
+        self._transport.write(head_too_large_response(self._limits.max_header_bytes))
+        self._transport.close()
+
     def body_read(self) -> None:
         self._disarm()
 
@@ -110,6 +147,7 @@ class ConnectionGuard:
         self._disarm()
         timeout = self._limits.header_timeout_s if phase == "head" else self._limits.body_timeout_s
         self.phase = phase
+        self._head_bytes = 0
         self._deadline = self._loop.call_later(timeout, self._expired)
 
     def _disarm(self) -> None:

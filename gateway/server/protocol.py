@@ -51,10 +51,17 @@ class _Guarded:
 
 class GuardedH11Protocol(_Guarded, H11Protocol):
     def data_received(self, data: bytes) -> None:
-        if self._guard is not None and self.conn.their_state is h11.IDLE:
-            self._guard.request_begun()
+        guard = self._guard
+        if guard is None:
+            super().data_received(data)
+            return
+        if self.conn.their_state is h11.IDLE:
+            guard.request_begun()
+        in_head = guard.phase == "head"
         super().data_received(data)
         self._follow()
+        if in_head and guard.phase == "head":
+            guard.read_within_head(len(data))
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -72,6 +79,15 @@ class GuardedH11Protocol(_Guarded, H11Protocol):
 
 
 class GuardedHttpToolsProtocol(_Guarded, HttpToolsProtocol):
+    def data_received(self, data: bytes) -> None:
+        guard = self._guard
+        if guard is None or guard.phase != "head":
+            super().data_received(data)
+            return
+        super().data_received(data)
+        if guard.phase == "head":
+            guard.read_within_head(len(data))
+
     # llhttp's callbacks, in the order of a request: its first byte, its head, its body.
     def on_message_begin(self) -> None:
         super().on_message_begin()

@@ -61,6 +61,7 @@ def uvicorn_options(settings: GatewaySettings, *, log_level: str) -> dict[str, A
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.body_timeout_s,
         max_per_client=settings.max_connections_per_client,
+        max_header_bytes=settings.max_header_bytes,
     )
     protocol = (
         GuardedHttpToolsProtocol if settings.http_parser == "httptools" else GuardedH11Protocol
@@ -71,6 +72,10 @@ def uvicorn_options(settings: GatewaySettings, *, log_level: str) -> dict[str, A
         "log_config": log_config(log_level, key_prefix=settings.key_prefix),
         "log_level": log_level,
         "timeout_keep_alive": settings.keepalive_timeout_s,
+        # h11's own bound on a head (16 KiB by default, answered 400) above the guard's, which
+        # answers 431 alike for both parsers: one read past it (asyncio and uvloop read at most
+        # 256 KiB at a time).
+        "h11_max_incomplete_event_size": settings.max_header_bytes + 256 * 1024,
         "timeout_graceful_shutdown": math.ceil(settings.shutdown_grace_s) + UVICORN_MARGIN_S,
         # X-Forwarded-For and -Proto only from the proxies named (uvicorn's default trusts
         # any loopback peer, so a local client could choose its own recorded address).

@@ -3,6 +3,8 @@
 - clients that dribble their request head or body are cut off after the deadline (408), and
   one client address cannot hold more than its share of connections, while other clients are
   served all along;
+- a request head over LORAGATE_MAX_HEADER_BYTES (one huge header, thousands of headers, a huge
+  URL) gets 431 and the connection closes, with either parser; a head under it is served;
 - a key sent in a query string, and anything shaped like a key, never reaches a log line;
 - the audit log records the request id the response carries (sanitized), and the peer's
   address unless a configured proxy forwarded another;
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import subprocess
 import time
@@ -21,6 +24,8 @@ from pathlib import Path
 import httpx
 import pytest
 from gateway_process import BIN, GatewayProcess, gateway_env, start_gateway
+
+from gateway.settings import GatewaySettings
 
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.0
@@ -128,6 +133,65 @@ def test_a_dribbled_body_is_cut_off(guarded: GatewayProcess) -> None:
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert b'"code": "request_timeout"' in answer
     assert waited <= BODY_TIMEOUT_S + 2
+
+
+MAX_HEADER_BYTES = GatewaySettings.model_fields["max_header_bytes"].default  # 32 KiB
+HUGE = 16 * 1024 * 1024
+
+
+def _send_head(port: int, head: bytes) -> tuple[bytes, int]:
+    """Send `head` in 64 KiB pieces, stopping when the server answers or closes; returns (what
+    it answered, bytes sent). A server that reads the whole head takes all of it."""
+    sent = 0
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        try:
+            while sent < len(head):
+                sent += sock.send(head[sent : sent + 65536])
+                readable, _, _ = select.select([sock], [], [], 0)
+                if readable:
+                    break
+            sock.settimeout(30)
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed on us: what arrived before the reset is in `answer`
+    return answer, sent
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["one huge header", "thousands of headers", "a huge URL"],
+)
+def test_a_huge_request_head_gets_431_and_is_dropped(guarded: GatewayProcess, shape: str) -> None:
+    port = int(guarded.url.rsplit(":", 1)[1])
+    head = {
+        "one huge header": b"GET /health HTTP/1.1\r\nhost: x\r\nx-pad: " + b"a" * HUGE,
+        "thousands of headers": b"GET /health HTTP/1.1\r\nhost: x\r\n"
+        + b"".join(b"x-h%d: v\r\n" % i for i in range(HUGE // 16)),
+        "a huge URL": b"GET /health?" + b"q" * HUGE,
+    }[shape]
+    answer, sent = _send_head(port, head)
+    # Cut off long before the end (the kernel's socket buffers hold a few MB at most).
+    assert sent < HUGE // 2, sent
+    if answer:  # seen unless the close reset the connection before it was read
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+        assert b'"code": "request_header_fields_too_large"' in answer
+    assert httpx.get(guarded.url + "/health", timeout=30).status_code == 200
+
+
+def test_a_head_under_the_bound_is_served(guarded: GatewayProcess) -> None:
+    """20 KiB of headers: over h11's own default (16 KiB, which answered 400), under ours."""
+    pad = "a" * (20 * 1024)
+    r = httpx.get(guarded.url + "/health", headers={"x-pad": pad}, timeout=30)
+    assert r.status_code == 200, r.text
+    answer, _ = _send_head(
+        int(guarded.url.rsplit(":", 1)[1]),
+        b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-pad: "
+        + b"b" * (MAX_HEADER_BYTES - 200)
+        + b"\r\n\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
 
 
 def test_keys_in_query_strings_never_reach_the_log(guarded: GatewayProcess) -> None:

@@ -90,3 +90,22 @@ async def test_a_late_body_after_an_early_answer_closes_without_a_408() -> None:
     guard.head_read()
     await asyncio.sleep(0.1)
     assert transport.is_closed and transport.written == b""
+
+
+async def test_the_guard_bounds_a_head_s_bytes_and_counts_each_head_afresh() -> None:
+    limits = ConnectionLimits(
+        header_timeout_s=1, body_timeout_s=1, max_per_client=4, max_header_bytes=50_000
+    )
+    guard, transport = await _guard(limits)
+    assert guard.opened("10.0.0.3")
+    guard.read_within_head(30_000)
+    guard.head_read()
+    guard.body_read()
+    guard.request_begun()  # the next request: its head is counted from 0
+    guard.read_within_head(30_000)
+    assert not transport.is_closed
+    guard.read_within_head(30_000)  # 60,000 bytes of one head
+    assert transport.is_closed and transport.written.startswith(b"HTTP/1.1 431 ")
+    assert b"larger than 50000 bytes" in transport.written
+    assert guard.phase == ""  # no 408 follows
+    guard.closed()
