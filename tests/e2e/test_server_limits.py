@@ -5,6 +5,8 @@
   served all along;
 - a request head over LORAGATE_MAX_HEADER_BYTES (one huge header, thousands of headers, a huge
   URL) gets 431 and the connection closes, with either parser; a head under it is served;
+- a body over LORAGATE_MAX_BODY_BYTES gets 413 long before the client has sent it (declared:
+  from the head alone; chunked: once past the limit);
 - a key sent in a query string, and anything shaped like a key, never reaches a log line;
 - the audit log records the request id the response carries (sanitized), and the peer's
   address unless a configured proxy forwarded another;
@@ -192,6 +194,57 @@ def test_a_head_under_the_bound_is_served(guarded: GatewayProcess) -> None:
         + b"\r\n\r\n",
     )
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+MAX_BODY_BYTES = GatewaySettings.model_fields["max_body_bytes"].default  # 2 MiB
+
+
+def _send_body(port: int, head: bytes, chunks: Iterator[bytes]) -> tuple[bytes, int]:
+    """The head, then body pieces until the server answers or closes; returns (what it
+    answered, body bytes sent)."""
+    sent = 0
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head)
+        try:
+            for chunk in chunks:
+                readable, _, _ = select.select([sock], [], [], 0)
+                if readable:
+                    break
+                sock.sendall(chunk)
+                sent += len(chunk)
+            sock.settimeout(30)
+            while piece := sock.recv(65536):
+                answer += piece
+                if b"\r\n\r\n" in answer and b"content-length" in answer.lower():
+                    break  # the whole answer is small: the head and a JSON error
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    return answer, sent
+
+
+@pytest.mark.parametrize("framing", ["declared length", "chunked"])
+def test_an_oversized_body_gets_413_without_being_read(
+    guarded: GatewayProcess, framing: str
+) -> None:
+    port = int(guarded.url.rsplit(":", 1)[1])
+    tenant = guarded.tenant()
+    total = 64 * MAX_BODY_BYTES
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer " + tenant.key.encode() + b"\r\n"
+    )
+    piece = b"x" * 65536
+    if framing == "declared length":  # known from the head: answered before any body byte
+        head += b"content-length: %d\r\n\r\n" % total
+        chunks: Iterator[bytes] = iter(())
+    else:
+        head += b"transfer-encoding: chunked\r\n\r\n"
+        chunks = (b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(total // len(piece)))
+    answer, sent = _send_body(port, head, chunks)
+    assert sent < total // 2, sent  # refused long before the end
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
+    assert httpx.get(guarded.url + "/health", timeout=30).status_code == 200
 
 
 def test_keys_in_query_strings_never_reach_the_log(guarded: GatewayProcess) -> None:
