@@ -200,8 +200,12 @@ def main() -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     print_report(report)
     if args.json:
+        from report import machine_info, versions  # torch and transformers: only to record
+
+        record = {**report, "machine": machine_info(), "versions": versions()}
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {args.json}")
     return 0
 
 
