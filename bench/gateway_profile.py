@@ -28,13 +28,12 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 from gateway_overhead import start_gateway
 from gateway_processes import Processes, free_port, start_redis
 from gateway_profile_report import aggregate_raw, print_report
-from gateway_wrk import BODIES, PATHS
+from gateway_wrk import PATHS, write_script
 
 ROOT = Path(__file__).resolve().parent.parent
 PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -62,17 +61,6 @@ def pids_named(name: str) -> list[int]:
             except OSError:
                 continue
     return found
-
-
-def wrk_script(workdir: Path, key: str, api: str) -> Path:
-    script = workdir / f"wrk-{uuid.uuid4().hex[:6]}.lua"
-    script.write_text(
-        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f'wrk.headers["Authorization"] = "Bearer {key}"\n'
-        f"wrk.body = [[{json.dumps(BODIES[api])}]]\n"
-    )
-    script.chmod(0o600)
-    return script
 
 
 def run_wrk(
@@ -184,7 +172,7 @@ def main() -> int:
         processes = {"gateway": [gateway_pid], "stand-in": [standin.pid]}
         if own_redis:
             processes["redis"] = [procs.procs[0].pid]
-        script = wrk_script(workdir, key, args.api)
+        script = write_script(workdir, key, api=args.api)
         run_wrk(url, script, args.api, args.connections, 3)  # warm-up
         report: dict[str, object] = {
             "config": {"api": args.api, "connections": args.connections,

@@ -46,6 +46,21 @@ def _ms(text: str) -> float:
     return float(match[1]) * _UNITS[match[2]]
 
 
+def write_script(
+    workdir: Path, key: str | None, *, stream: bool = False, api: str = "tokens"
+) -> Path:
+    """wrk's Lua script for one target: the method, the key (readable by this user only) and
+    the body of `api`."""
+    script = workdir / f"wrk-{uuid.uuid4().hex[:6]}.lua"
+    headers = f'wrk.headers["Authorization"] = "Bearer {key}"\n' if key else ""
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"{headers}wrk.body = [[{json.dumps({**BODIES[api], 'stream': stream})}]]\n"
+    )
+    script.chmod(0o600)
+    return script
+
+
 def run_wrk(
     url: str,
     key: str | None,
@@ -56,13 +71,7 @@ def run_wrk(
     stream: bool = False,
     api: str = "tokens",
 ) -> WrkResult:
-    script = workdir / f"wrk-{uuid.uuid4().hex[:6]}.lua"
-    headers = f'wrk.headers["Authorization"] = "Bearer {key}"\n' if key else ""
-    script.write_text(
-        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f"{headers}wrk.body = [[{json.dumps({**BODIES[api], 'stream': stream})}]]\n"
-    )
-    script.chmod(0o600)
+    script = write_script(workdir, key, stream=stream, api=api)
     out = subprocess.run(
         [
             "wrk",

@@ -33,37 +33,30 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
-_TIMEOUT_BODY = json.dumps(
-    {
-        "error": {
-            "message": "The request was not received in time.",
-            "type": "invalid_request_error",
-            "param": None,
-            "code": "request_timeout",
-        }
-    }
-).encode()
-TIMEOUT_RESPONSE = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-    b"content-length: " + str(len(_TIMEOUT_BODY)).encode() + b"\r\n\r\n" + _TIMEOUT_BODY
-)
 
-
-def head_too_large_response(max_header_bytes: int) -> bytes:
+def closing_response(status: str, message: str, code: str) -> bytes:
+    """A whole HTTP/1.1 error answer, written straight to the transport before it closes (the
+    request never reached the app), in the API's error shape."""
     body = json.dumps(
         {
             "error": {
-                "message": f"The request head is larger than {max_header_bytes} bytes.",
+                "message": message,
                 "type": "invalid_request_error",
                 "param": None,
-                "code": "request_header_fields_too_large",
+                "code": code,
             }
         }
     ).encode()
     return (
-        b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-        b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        f"content-length: {len(body)}\r\n\r\n".encode()
+        + body
     )
+
+
+TIMEOUT_RESPONSE = closing_response(
+    "408 Request Timeout", "The request was not received in time.", "request_timeout"
+)
 
 
 @dataclass
@@ -120,16 +113,24 @@ class ConnectionGuard:
         self._arm("body")
 
     def read_within_head(self, num_bytes: int) -> None:
-        """`num_bytes` of one read, all of them part of the head being read (the parser was in
-        that head before and after them); past `max_header_bytes` the client gets a 431 and the
+        """After a read of `num_bytes` that began inside a head: if the head goes on past it,
+        all of them were the head's; past `max_header_bytes` the client gets a 431 and the
         connection closes. A read that begins a head is not counted, so the bound holds to
         within one read (at most 256 KiB)."""
+        if self.phase != "head":
+            return
         self._head_bytes += num_bytes
         if self._head_bytes <= self._limits.max_header_bytes or self._transport.is_closing():
             return
         log.info("closed a connection: a request head over %d bytes", self._limits.max_header_bytes)
         self._disarm()
-        self._transport.write(head_too_large_response(self._limits.max_header_bytes))
+        self._transport.write(
+            closing_response(
+                "431 Request Header Fields Too Large",
+                f"The request head is larger than {self._limits.max_header_bytes} bytes.",
+                "request_header_fields_too_large",
+            )
+        )
         self._transport.close()
 
     def body_read(self) -> None:

@@ -43,6 +43,15 @@ class _Guarded:
         guard = _new_guard(self, self._limits, cast(asyncio.Transport, transport))
         self._guard = guard if guard.opened(_host(self)) else None
 
+    def _in_head(self) -> bool:
+        return self._guard is not None and self._guard.phase == "head"
+
+    def _read_in_head(self, num_bytes: int) -> None:
+        """A read that began inside a head has been parsed (the guard counts it if the head
+        goes on past it)."""
+        if self._guard is not None:
+            self._guard.read_within_head(num_bytes)
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self._guard is not None:
             self._guard.closed()
@@ -51,17 +60,13 @@ class _Guarded:
 
 class GuardedH11Protocol(_Guarded, H11Protocol):
     def data_received(self, data: bytes) -> None:
-        guard = self._guard
-        if guard is None:
-            super().data_received(data)
-            return
-        if self.conn.their_state is h11.IDLE:
-            guard.request_begun()
-        in_head = guard.phase == "head"
+        if self._guard is not None and self.conn.their_state is h11.IDLE:
+            self._guard.request_begun()
+        in_head = self._in_head()
         super().data_received(data)
         self._follow()
-        if in_head and guard.phase == "head":
-            guard.read_within_head(len(data))
+        if in_head:
+            self._read_in_head(len(data))
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -80,13 +85,10 @@ class GuardedH11Protocol(_Guarded, H11Protocol):
 
 class GuardedHttpToolsProtocol(_Guarded, HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
-        guard = self._guard
-        if guard is None or guard.phase != "head":
-            super().data_received(data)
-            return
+        in_head = self._in_head()
         super().data_received(data)
-        if guard.phase == "head":
-            guard.read_within_head(len(data))
+        if in_head:
+            self._read_in_head(len(data))
 
     # llhttp's callbacks, in the order of a request: its first byte, its head, its body.
     def on_message_begin(self) -> None:
